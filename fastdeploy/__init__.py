@@ -1,0 +1,44 @@
+"""FastDeploy: LLM serving on PaddlePaddle, a drop-in replacement for vLLM.
+
+Public names are imported lazily so that ``import fastdeploy.sampling_params``
+(or the API server's front end) does not pay for importing Paddle.
+"""
+
+import importlib
+import os as _os
+
+# Paddle forces OMP_NUM_THREADS=1 at import unless it is already set.
+_os.environ.setdefault("OMP_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
+
+from fastdeploy.version import __version__  # noqa: E402
+
+_EXPORTS = {
+    "LLM": "fastdeploy.entrypoints.llm",
+    "LLMEngine": "fastdeploy.engine.llm_engine",
+    "EngineArgs": "fastdeploy.engine.arg_utils",
+    "SamplingParams": "fastdeploy.sampling_params",
+    "BeamSearchParams": "fastdeploy.sampling_params",
+    "StructuredOutputsParams": "fastdeploy.sampling_params",
+    "GuidedDecodingParams": "fastdeploy.sampling_params",
+    "RequestOutputKind": "fastdeploy.sampling_params",
+    "RequestOutput": "fastdeploy.outputs",
+    "CompletionOutput": "fastdeploy.outputs",
+    "TextPrompt": "fastdeploy.inputs",
+    "TokensPrompt": "fastdeploy.inputs",
+    "PromptType": "fastdeploy.inputs",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastdeploy' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

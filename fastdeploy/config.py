@@ -1,0 +1,212 @@
+"""Engine configuration: one dataclass per concern, gathered into :class:`FDConfig`."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastdeploy import envs
+from fastdeploy.logger import init_logger
+
+logger = init_logger(__name__)
+
+_STR_DTYPE = {
+    "auto": "auto",
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+}
+
+
+@dataclass
+class ModelConfig:
+    """What model to run and how to read it.
+
+    ``model`` is what the user asked for (a path or a known name); ``model_path``
+    is the resolved local folder and ``gguf_file`` the GGUF file name inside it
+    when the checkpoint is a single GGUF file.
+    """
+
+    model: str
+    tokenizer: str | None = None
+    tokenizer_mode: str = "auto"
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    seed: int | None = 0
+    revision: str | None = None
+    max_model_len: int | None = None
+    max_logprobs: int = 20
+    generation_config: str = "auto"
+    served_model_name: list[str] | None = None
+    model_impl: str = "auto"
+    quantization: str | None = None
+    enforce_eager: bool = False
+    # Filled in by __post_init__.
+    model_path: str = ""
+    gguf_file: str | None = None
+    tokenizer_path: str = ""
+    hf_config: Any = None
+
+    def __post_init__(self) -> None:
+        from fastdeploy.transformers_utils.config import get_hf_config
+        from fastdeploy.transformers_utils.model_resolver import resolve_model
+
+        self.model_path, self.gguf_file = resolve_model(self.model)
+        if self.tokenizer is None:
+            self.tokenizer_path = self.model_path
+        else:
+            self.tokenizer_path = resolve_model(self.tokenizer)[0]
+        if self.dtype not in _STR_DTYPE:
+            raise ValueError(f"Unknown dtype: {self.dtype!r}. Choose one of {sorted(_STR_DTYPE)}.")
+        self.dtype = _STR_DTYPE[self.dtype]
+        if self.model_impl not in ("auto", "fastdeploy", "paddleformers"):
+            raise ValueError(
+                f"model_impl must be one of 'auto', 'fastdeploy', 'paddleformers', got {self.model_impl!r}."
+            )
+        self.hf_config = get_hf_config(self.model_path, self.gguf_file, self.trust_remote_code)
+        derived = self.hf_config.max_position_embeddings
+        if self.max_model_len is None:
+            self.max_model_len = derived
+        elif self.max_model_len > derived:
+            raise ValueError(
+                f"User-specified max_model_len ({self.max_model_len}) is greater than the derived "
+                f"max_model_len (max_position_embeddings={derived} in model's config.json)."
+            )
+        if self.served_model_name is None:
+            self.served_model_name = [self.model]
+
+    @property
+    def architectures(self) -> list[str]:
+        return list(getattr(self.hf_config, "architectures", None) or [])
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+    @property
+    def num_layers(self) -> int:
+        return self.hf_config.num_hidden_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        cfg = self.hf_config
+        return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        cfg = self.hf_config
+        return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+    def get_generation_config(self) -> dict[str, Any]:
+        """Sampling defaults the model ships in generation_config.json (vLLM's --generation-config)."""
+        if self.generation_config == "vllm":
+            return {}
+        folder = self.model_path if self.generation_config == "auto" else self.generation_config
+        path = os.path.join(folder, "generation_config.json")
+        if not os.path.isfile(path):
+            return {}
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+
+
+@dataclass
+class CacheConfig:
+    """Paged KV cache: block size, size of the pool, prefix caching."""
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
+    swap_space: float = 4
+    enable_prefix_caching: bool = True
+    kv_cache_ratio: float = 0.75
+    cache_dtype: str = "auto"
+    # Decided at engine start from the memory budget.
+    num_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}.")
+
+    def kv_cache_bytes(self) -> int:
+        """Memory granted to the KV cache: --kv-cache-memory-bytes, else FD/VLLM_CPU_KVCACHE_SPACE GiB."""
+        if self.kv_cache_memory_bytes is not None:
+            return int(self.kv_cache_memory_bytes)
+        return int(envs.cpu_kvcache_space_gib() * (1 << 30))
+
+
+@dataclass
+class SchedulerConfig:
+    """Continuous batching limits."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    max_model_len: int = 0
+    scheduler_name: str = "local"
+    policy: str = "fcfs"
+
+    def finalize(self, max_model_len: int) -> None:
+        self.max_model_len = max_model_len
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = 2048 if self.enable_chunked_prefill else max(max_model_len, 2048)
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
+                f"({max_model_len}). This effectively limits the maximum sequence length to "
+                "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+                "max_num_batched_tokens or decrease max_model_len."
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs and self.max_num_seqs > 1:
+            # Every running sequence needs at least one token of budget per step.
+            self.max_num_seqs = min(self.max_num_seqs, self.max_num_batched_tokens)
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
+
+
+@dataclass
+class LoadConfig:
+    load_format: str = "auto"
+    download_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.load_format not in ("auto", "safetensors", "gguf", "dummy", "pt"):
+            raise ValueError(
+                f"load_format must be one of 'auto', 'safetensors', 'gguf', 'dummy', got {self.load_format!r}."
+            )
+
+
+@dataclass
+class FDConfig:
+    """Everything the engine needs, resolved and validated once."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig = field(default_factory=CacheConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    load_config: LoadConfig = field(default_factory=LoadConfig)
+    speculative_config: dict[str, Any] | None = None
+    kv_transfer_config: dict[str, Any] | None = None
+    structured_outputs_config: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        from fastdeploy.platforms import current_platform
+
+        self.scheduler_config.finalize(self.model_config.max_model_len)
+        current_platform.check_and_update_config(self)

@@ -1,0 +1,207 @@
+"""EngineArgs: every engine flag, with vLLM's names and defaults plus FastDeploy's own spellings."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+from fastdeploy.config import CacheConfig, FDConfig, LoadConfig, ModelConfig, ParallelConfig, SchedulerConfig
+
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
+
+
+def parse_size(value: str | int) -> int:
+    """``2048``, ``1k`` (1000), ``1K`` (1024), ``32K``, ``1m``/``1M``... as vLLM's --max-model-len."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(str(value).strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid size {value!r}: expected an integer optionally followed by k/K/m/M/g/G")
+    number, suffix = float(m.group(1)), m.group(2)
+    scale = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}[suffix]
+    return int(number * scale)
+
+
+def parse_json(value: str | dict | None) -> dict | None:
+    if value is None or isinstance(value, dict):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"invalid JSON {value!r}: {e}") from e
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return parsed
+
+
+@dataclass
+class EngineArgs:
+    """Arguments of the engine, as accepted by ``LLM(...)`` and ``fastdeploy serve``."""
+
+    model: str | None = None
+    served_model_name: list[str] | str | None = None
+    tokenizer: str | None = None
+    tokenizer_mode: str = "auto"
+    trust_remote_code: bool = False
+    revision: str | None = None
+    dtype: str = "auto"
+    seed: int | None = 0
+    max_model_len: int | None = None
+    quantization: str | None = None
+    load_format: str = "auto"
+    max_logprobs: int = 20
+    generation_config: str = "auto"
+    enforce_eager: bool = False
+    model_impl: str = "auto"
+    # Cache
+    block_size: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_bytes: int | None = None
+    swap_space: float = 4
+    enable_prefix_caching: bool | None = None
+    kv_cache_ratio: float = 0.75
+    # Scheduler
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None
+    scheduler_name: str = "local"
+    # Parallelism
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    # Features that live in their own configs.
+    speculative_config: dict[str, Any] | None = None
+    kv_transfer_config: dict[str, Any] | None = None
+    structured_outputs_config: dict[str, Any] | None = None
+    graph_optimization_config: dict[str, Any] | None = None
+    splitwise_role: str = "mixed"
+    disable_log_stats: bool = False
+    enable_logprob: bool = False
+    # FastDeploy's own deployment flags. The ports are accepted for compatibility with
+    # FastDeploy launch scripts; the PD / router / global-scheduler ones are only valid
+    # with features this build rejects in _reject_unbuilt.
+    engine_worker_queue_port: int | None = None
+    cache_queue_port: int | None = None
+    cache_transfer_protocol: str | None = None
+    pd_comm_port: list[int] | None = None
+    router: str | None = None
+    scheduler_host: str | None = None
+    scheduler_port: int | None = None
+    scheduler_topic: str | None = None
+    # vLLM's legacy spelling of structured_outputs_config["backend"].
+    guided_decoding_backend: str | None = None
+
+    def create_engine_config(self) -> FDConfig:
+        """Validate the arguments and build the FDConfig; unbuilt features fail here by name."""
+        self._reject_unbuilt()
+        model_config = ModelConfig(
+            model=self.model,
+            tokenizer=self.tokenizer,
+            tokenizer_mode=self.tokenizer_mode,
+            trust_remote_code=self.trust_remote_code,
+            dtype=self.dtype,
+            seed=self.seed,
+            revision=self.revision,
+            max_model_len=None if self.max_model_len is None else parse_size(self.max_model_len),
+            max_logprobs=self.max_logprobs,
+            generation_config=self.generation_config,
+            served_model_name=[self.served_model_name] if isinstance(self.served_model_name, str) else self.served_model_name,
+            model_impl=self.model_impl,
+            quantization=self.quantization,
+            enforce_eager=self.enforce_eager,
+        )
+        cache_config = CacheConfig(
+            block_size=self.block_size or 16,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            swap_space=self.swap_space,
+            enable_prefix_caching=True if self.enable_prefix_caching is None else self.enable_prefix_caching,
+            kv_cache_ratio=self.kv_cache_ratio,
+        )
+        scheduler_config = SchedulerConfig(
+            max_num_seqs=self.max_num_seqs or 256,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_chunked_prefill=True if self.enable_chunked_prefill is None else self.enable_chunked_prefill,
+            scheduler_name=self.scheduler_name,
+        )
+        return FDConfig(
+            model_config=model_config,
+            cache_config=cache_config,
+            scheduler_config=scheduler_config,
+            parallel_config=ParallelConfig(self.tensor_parallel_size, self.data_parallel_size, self.pipeline_parallel_size),
+            load_config=LoadConfig(load_format=self.load_format),
+            speculative_config=self.speculative_config,
+            kv_transfer_config=self.kv_transfer_config,
+            structured_outputs_config=self.structured_outputs_config,
+        )
+
+    def _reject_unbuilt(self) -> None:
+        unbuilt = {
+            "tensor_parallel_size": self.tensor_parallel_size != 1,
+            "pipeline_parallel_size": self.pipeline_parallel_size != 1,
+            "data_parallel_size": self.data_parallel_size != 1,
+            "speculative_config": self.speculative_config is not None,
+            "kv_transfer_config": self.kv_transfer_config is not None,
+            "splitwise_role": self.splitwise_role != "mixed",
+            "scheduler_name": self.scheduler_name != "local",
+            "model_impl": self.model_impl == "paddleformers",
+            "router": self.router is not None,
+            "guided_decoding_backend": self.guided_decoding_backend not in (None, "auto"),
+            "structured_outputs_config": (self.structured_outputs_config or {}).get("backend", "auto") != "auto",
+        }
+        for name, used in unbuilt.items():
+            if used:
+                raise ValueError(
+                    f"{name}={getattr(self, name)!r} is not supported by this FastDeploy build yet "
+                    f"(--{name.replace('_', '-')})."
+                )
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in fields(cls)}
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineArgs:
+        """EngineArgs from keyword arguments; an unknown one is a TypeError naming it (as vLLM)."""
+        unknown = set(kwargs) - cls.field_names()
+        if unknown:
+            raise TypeError(f"Unknown engine argument(s): {', '.join(sorted(unknown))}")
+        for key in ("speculative_config", "kv_transfer_config", "structured_outputs_config", "graph_optimization_config"):
+            if key in kwargs:
+                kwargs[key] = parse_json(kwargs[key])
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> EngineArgs:
+        return dataclasses.replace(self, **changes)
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add every engine flag (vLLM's names and defaults, FastDeploy's aliases) to ``parser``."""
+        from fastdeploy.engine.cli_args import add_engine_cli_args
+
+        return add_engine_cli_args(parser)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """EngineArgs from parsed flags (flags that are not engine fields are ignored)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """Arguments of the asynchronous engine behind the API server (vLLM's ``AsyncEngineArgs``)."""
+
+    enable_log_requests: bool = False
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Engine flags plus the request-logging switches of the server."""
+        EngineArgs.add_cli_args(parser)
+        parser.add_argument("--enable-log-requests", action="store_true", help="Log every request's inputs.")
+        parser.add_argument("--disable-log-requests", action="store_true",
+                            help="Deprecated (requests are not logged unless --enable-log-requests).")
+        return parser

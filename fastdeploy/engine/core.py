@@ -1,0 +1,70 @@
+"""EngineCore: the schedule -> execute -> update loop around one model."""
+
+from __future__ import annotations
+
+import time
+
+from fastdeploy.config import FDConfig
+from fastdeploy.engine.request import EngineCoreOutputs, EngineCoreRequest, Request, RequestStatus
+from fastdeploy.engine.sched.scheduler import Scheduler
+from fastdeploy.logger import init_logger
+from fastdeploy.worker.worker import Worker
+
+logger = init_logger(__name__)
+
+
+class EngineCore:
+    """Owns the scheduler and the worker; ``step()`` runs one batch."""
+
+    def __init__(self, fd_config: FDConfig) -> None:
+        self.fd_config = fd_config
+        start = time.perf_counter()
+        self.worker = Worker(fd_config)
+        self.worker.load_model()
+        num_blocks = self.worker.determine_num_available_blocks()
+        cache = fd_config.cache_config
+        cache.num_blocks = num_blocks
+        self.worker.initialize_cache(num_blocks)
+        mc = fd_config.model_config
+        max_per_req = -(-mc.max_model_len // cache.block_size)
+        if num_blocks < max_per_req:
+            per_block = self.worker.model_runner.kv_cache_bytes_per_block()
+            raise ValueError(
+                f"To serve at least one request with the model's max seq len ({mc.max_model_len}), "
+                f"{max_per_req * per_block / (1 << 30):.2f} GiB KV cache is needed, which is larger than the "
+                f"available KV cache memory ({num_blocks * per_block / (1 << 30):.2f} GiB). Based on the available "
+                f"memory, the estimated maximum model length is {num_blocks * cache.block_size}. Try increasing "
+                "--kv-cache-memory-bytes (or FD_CPU_KVCACHE_SPACE) or decreasing `max_model_len`."
+            )
+        self.scheduler = Scheduler(fd_config.scheduler_config, cache, mc.max_model_len)
+        logger.info(
+            "Engine ready in %.1f s: %d KV blocks of %d tokens (%.2f GiB), max_model_len=%d, max_num_seqs=%d, "
+            "max_num_batched_tokens=%d.",
+            time.perf_counter() - start,
+            num_blocks,
+            cache.block_size,
+            num_blocks * self.worker.model_runner.kv_cache_bytes_per_block() / (1 << 30),
+            mc.max_model_len,
+            fd_config.scheduler_config.max_num_seqs,
+            fd_config.scheduler_config.max_num_batched_tokens,
+        )
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self.scheduler.add_request(Request(request, self.fd_config.model_config.max_model_len))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule one batch, run it, and return what each request produced."""
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.worker.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()

@@ -1,0 +1,106 @@
+"""LLMEngine: the synchronous engine behind ``LLM``, driving the engine core in-process."""
+
+from __future__ import annotations
+
+import time
+
+from fastdeploy.config import FDConfig
+from fastdeploy.engine.arg_utils import EngineArgs
+from fastdeploy.engine.core import EngineCore
+from fastdeploy.engine.output_processor import OutputProcessor, ParentRequest
+from fastdeploy.engine.processor import Processor
+from fastdeploy.engine.request import SchedulerStats
+from fastdeploy.inputs import PromptType
+from fastdeploy.outputs import RequestOutput
+from fastdeploy.sampling_params import SamplingParams
+from fastdeploy.transformers_utils.tokenizer import get_tokenizer
+
+
+def load_tokenizer(fd_config: FDConfig):
+    """The tokenizer of the configured model (its GGUF metadata or its folder)."""
+    mc = fd_config.model_config
+    gguf = mc.gguf_file if mc.tokenizer_path == mc.model_path else None
+    return get_tokenizer(
+        mc.tokenizer_path,
+        gguf_file=gguf,
+        trust_remote_code=mc.trust_remote_code,
+        revision=mc.revision,
+        tokenizer_mode=mc.tokenizer_mode,
+    )
+
+
+class LLMEngine:
+    """Tokenize -> engine core step -> detokenize, all in the calling process."""
+
+    def __init__(self, fd_config: FDConfig) -> None:
+        self.fd_config = fd_config
+        self.tokenizer = load_tokenizer(fd_config)
+        self.processor = Processor(fd_config.model_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.engine_core = EngineCore(fd_config)
+        self.last_stats: SchedulerStats | None = None
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        return cls(engine_args.create_engine_config())
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Validate and queue a request (fanned out into n children when n > 1)."""
+        arrival_time = arrival_time or time.time()
+        prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
+        if params.n == 1:
+            self._add(request_id, prompt_text, prompt_ids, params, arrival_time, priority)
+            return
+        parent = ParentRequest(request_id, params.n, params.output_kind)
+        for index in range(params.n):
+            child_params = ParentRequest.child_sampling_params(params, index)
+            self._add(
+                ParentRequest.child_id(index, request_id),
+                prompt_text,
+                prompt_ids,
+                child_params,
+                arrival_time,
+                priority,
+                parent,
+                index,
+            )
+
+    def _add(self, request_id, prompt_text, prompt_ids, params, arrival_time, priority, parent=None, index=0):
+        core_req, _ = self.processor.process_inputs(
+            request_id, prompt_text, params, arrival_time, priority, prompt_token_ids=prompt_ids
+        )
+        self.output_processor.add_request(
+            request_id, prompt_text, prompt_ids, core_req.sampling_params, arrival_time, parent, index
+        )
+        self.engine_core.add_request(core_req)
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self.engine_core.abort_requests(self.output_processor.abort_requests(ids))
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self.engine_core.step()
+        self.last_stats = outputs.scheduler_stats
+        request_outputs, to_abort = self.output_processor.process_outputs(outputs)
+        if to_abort:
+            self.engine_core.abort_requests(to_abort)
+        return request_outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.output_processor.get_num_unfinished_requests()
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine_core.reset_prefix_cache()

@@ -1,0 +1,117 @@
+"""Front-end input processing: prompts -> token ids, checks against the model, final sampling params."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from fastdeploy.config import ModelConfig
+from fastdeploy.engine.request import EngineCoreRequest
+from fastdeploy.inputs import PromptType
+from fastdeploy.sampling_params import SamplingParams
+
+
+class Processor:
+    """Tokenizes prompts and validates requests before they reach the engine core."""
+
+    def __init__(self, model_config: ModelConfig, tokenizer) -> None:
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.generation_config = model_config.get_generation_config()
+        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else model_config.hf_config.eos_token_id
+
+    def tokenize_prompt(self, prompt: PromptType, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
+        """Text and token ids of a prompt in any accepted form."""
+        if isinstance(prompt, str):
+            return prompt, self._encode(prompt, add_special_tokens)
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return prompt["prompt"], self._encode(prompt["prompt"], add_special_tokens)
+        raise ValueError(
+            "prompt must be a str, a dict with 'prompt' or 'prompt_token_ids', or a list of these; "
+            f"got {type(prompt).__name__}."
+        )
+
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("A text prompt needs a tokenizer; pass prompt_token_ids instead.")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        prompt_token_ids: list[int] | None = None,
+    ) -> tuple[EngineCoreRequest, str | None]:
+        """Build the engine request; raises ValueError naming what is wrong with the input."""
+        if prompt_token_ids is None:
+            prompt_text, prompt_token_ids = self.tokenize_prompt(prompt)
+        else:
+            prompt_text = prompt if isinstance(prompt, str) else None
+        if params.truncate_prompt_tokens is not None:
+            keep = (
+                self.model_config.max_model_len
+                if params.truncate_prompt_tokens == -1
+                else params.truncate_prompt_tokens
+            )
+            prompt_token_ids = prompt_token_ids[-keep:]
+        self.validate_prompt(prompt_token_ids)
+        params = self.finalize_params(params)
+        core = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            eos_token_id=params.eos_token_id,
+            arrival_time=arrival_time or time.time(),
+            priority=priority,
+            bad_words_token_ids=params.bad_words_token_ids,
+        )
+        return core, prompt_text
+
+    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
+        if not prompt_token_ids:
+            raise ValueError("The decoder prompt cannot be empty")
+        max_len = self.model_config.max_model_len
+        if len(prompt_token_ids) > max_len:
+            raise ValueError(
+                f"The decoder prompt (length {len(prompt_token_ids)}) is longer than the maximum model length "
+                f"of {max_len}. Make sure that `max_model_len` is no smaller than the number of text tokens."
+            )
+        vocab = self.model_config.vocab_size
+        bad = max(prompt_token_ids)
+        if bad >= vocab or min(prompt_token_ids) < 0:
+            raise ValueError(f"Token id {bad if bad >= vocab else min(prompt_token_ids)} is out of vocabulary")
+
+    def finalize_params(self, params: SamplingParams) -> SamplingParams:
+        """Per-request copy with the model's EOS ids, tokenized bad words and checked logprob counts."""
+        max_logprobs = self.model_config.max_logprobs
+        for name, value in (("sample", params.logprobs), ("prompt", params.prompt_logprobs)):
+            if value is not None and max_logprobs != -1 and value > max_logprobs:
+                raise ValueError(
+                    f"Requested {name} logprobs of {value}, which is greater than max allowed: {max_logprobs}"
+                )
+        params = params.clone()
+        params.update_from_generation_config(self.generation_config, self.eos_token_id)
+        if self.tokenizer is not None:
+            params.update_from_tokenizer(self.tokenizer, self.model_config.vocab_size)
+        else:
+            params.verify_token_ids(self.model_config.vocab_size)
+        return params
+
+    def default_sampling_params(self) -> dict[str, Any]:
+        """Sampling defaults from generation_config.json, in SamplingParams' names (vLLM's behaviour)."""
+        names = {
+            "repetition_penalty": "repetition_penalty",
+            "temperature": "temperature",
+            "top_k": "top_k",
+            "top_p": "top_p",
+            "min_p": "min_p",
+            "max_new_tokens": "max_tokens",
+        }
+        return {dst: self.generation_config[src] for src, dst in names.items() if src in self.generation_config}

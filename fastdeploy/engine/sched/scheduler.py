@@ -1,0 +1,231 @@
+"""Continuous batching: running requests first, then waiting ones, under one token budget.
+
+Each step mixes decodes and (chunked) prefills. When the KV pool runs dry the
+most recently admitted running request is preempted (its blocks freed, to be
+recomputed later).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from fastdeploy.config import CacheConfig, SchedulerConfig
+from fastdeploy.engine.kv_cache.kv_cache_manager import KVCacheManager
+from fastdeploy.engine.request import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    LogprobsLists,
+    Request,
+    RequestStatus,
+    SchedulerStats,
+)
+from fastdeploy.engine.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from fastdeploy.worker.model_runner_output import ModelRunnerOutput
+
+
+class Scheduler:
+    """vLLM-style scheduler with chunked prefill, prefix caching and preemption by recompute."""
+
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, max_model_len: int) -> None:
+        self.config = scheduler_config
+        self.max_model_len = max_model_len
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
+        self.kv_cache_manager = KVCacheManager(
+            cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # Requests the runner still holds state for but must drop at the next step.
+        self.finished_req_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    # ---- request lifecycle -------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
+        """Finish requests from outside (abort, stop string seen by the front end)."""
+        finished = []
+        for req_id in request_ids:
+            request = self.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            request.status = status
+            self._free_request(request)
+            finished.append(request)
+        return finished
+
+    def _free_request(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # ---- scheduling --------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}
+        new_reqs: list[NewRequestData] = []
+        cached_reqs: list[CachedRequestData] = []
+        preempted: set[str] = set()
+        kv = self.kv_cache_manager
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = kv.allocate_slots(request, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.add(victim.request_id)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+            cached_reqs.append(
+                CachedRequestData(request.request_id, [b.block_id for b in new_blocks], request.num_computed_tokens)
+            )
+            i += 1
+
+        # Admit waiting requests only when nothing had to be preempted this step.
+        while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            computed_blocks, num_computed = kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_computed
+            if not self.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            new_blocks = kv.allocate_slots(request, num_new, computed_blocks)
+            if new_blocks is None:
+                break
+            self.waiting.popleft()
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_computed
+            request.num_computed_tokens = num_computed
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            num_scheduled[request.request_id] = num_new
+            budget -= num_new
+            new_reqs.append(
+                NewRequestData(
+                    req_id=request.request_id,
+                    token_ids=list(request.all_token_ids),
+                    num_prompt_tokens=request.num_prompt_tokens,
+                    sampling_params=request.sampling_params,
+                    block_ids=kv.get_block_ids(request.request_id),
+                    num_computed_tokens=num_computed,
+                    bad_words_token_ids=request.bad_words_token_ids,
+                    eos_token_id=request.eos_token_id,
+                )
+            )
+
+        # A request preempted after being scheduled earlier in this step must not run.
+        for req_id in preempted:
+            num_scheduled.pop(req_id, None)
+        cached_reqs = [c for c in cached_reqs if c.req_id not in preempted]
+        finished, self.finished_req_ids = self.finished_req_ids, set()
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=num_scheduled,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=finished,
+            preempted_req_ids=preempted,
+        )
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    # ---- results -----------------------------------------------------------------------
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutputs:
+        """Advance each scheduled request, check stop conditions, and build the step's outputs."""
+        outputs: list[EngineCoreOutput] = []
+        sampled = runner_output.sampled_token_ids
+        for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests.get(req_id)
+            if request is None:  # aborted while the step ran
+                continue
+            request.num_computed_tokens += num_tokens
+            prompt_lp = runner_output.prompt_logprobs.get(req_id)
+            new_token_ids = sampled.get(req_id)
+            if new_token_ids is None:
+                if prompt_lp is not None:
+                    outputs.append(EngineCoreOutput(req_id, [], new_prompt_logprobs=prompt_lp))
+                continue
+            request.append_output_token_ids(new_token_ids)
+            self._check_stop(request)
+            logprobs: LogprobsLists | None = runner_output.logprobs.get(req_id)
+            outputs.append(
+                EngineCoreOutput(
+                    req_id,
+                    new_token_ids,
+                    new_logprobs=logprobs,
+                    new_prompt_logprobs=prompt_lp,
+                    finish_reason=request.get_finish_reason(),
+                    stop_reason=request.stop_reason,
+                    num_cached_tokens=request.num_cached_tokens,
+                )
+            )
+            if request.is_finished():
+                self.running.remove(request)
+                self._free_request(request)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+
+    def _check_stop(self, request: Request) -> None:
+        sp = request.sampling_params
+        if request.num_tokens >= self.max_model_len or request.num_output_tokens >= request.max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        if request.num_output_tokens < sp.min_tokens:
+            return
+        last = request.all_token_ids[-1]
+        if not sp.ignore_eos and last == request.eos_token_id:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = None
+        elif last in request.stop_token_ids:
+            request.status = RequestStatus.FINISHED_STOPPED
+            request.stop_reason = last
+
+    def make_stats(self) -> SchedulerStats:
+        queries, hits = self.kv_cache_manager.take_prefix_cache_stats()
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            num_used_blocks=self.kv_cache_manager.num_used_blocks,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()

@@ -1,0 +1,52 @@
+"""Every environment variable FastDeploy reads, in one place.
+
+FD_PLATFORM             force the platform ("cpu", "cuda", ...) instead of detecting it.
+FD_CPU_KVCACHE_SPACE    KV cache size in GiB on CPU (default 4); VLLM_CPU_KVCACHE_SPACE is honoured too.
+FD_LOGGING_LEVEL        log level of the fastdeploy logger (default INFO); VLLM_LOGGING_LEVEL too.
+FD_API_KEY              API key of the server; VLLM_API_KEY too.
+FD_DEFAULT_MODEL        path of the model used when none is given (default: the embedded SmolLM2).
+FD_CACHE_ROOT           where converted artefacts are cached (default ~/.cache/fastdeploy).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _first(*names: str, default: str | None = None) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return value
+    return default
+
+
+def platform_override() -> str | None:
+    return _first("FD_PLATFORM")
+
+
+def cpu_kvcache_space_gib() -> float:
+    value = _first("FD_CPU_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE", default="4")
+    try:
+        space = float(value)
+    except ValueError as e:
+        raise ValueError(f"FD_CPU_KVCACHE_SPACE must be a number of GiB, got {value!r}.") from e
+    if space <= 0:
+        raise ValueError(f"FD_CPU_KVCACHE_SPACE must be positive, got {value!r}.")
+    return space
+
+
+def logging_level() -> str:
+    return (_first("FD_LOGGING_LEVEL", "VLLM_LOGGING_LEVEL", default="INFO") or "INFO").upper()
+
+
+def api_key() -> str | None:
+    return _first("FD_API_KEY", "VLLM_API_KEY")
+
+
+def default_model() -> str | None:
+    return _first("FD_DEFAULT_MODEL")
+
+
+def cache_root() -> str:
+    return _first("FD_CACHE_ROOT", default=os.path.join(os.path.expanduser("~"), ".cache", "fastdeploy"))
