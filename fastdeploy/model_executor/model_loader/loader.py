@@ -1,0 +1,113 @@
+"""Build the model for a config and fill its weights: ``get_model(model_config, load_config)``."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import paddle
+from paddle import nn
+
+from fastdeploy.logger import init_logger
+from fastdeploy.model_executor.model_loader.weight_utils import (
+    gguf_weights_iterator,
+    pt_files,
+    pt_weights_iterator,
+    safetensors_files,
+    safetensors_weights_iterator,
+)
+from fastdeploy.model_executor.models.registry import ModelRegistry
+from fastdeploy.model_executor.utils import load_into
+
+logger = init_logger(__name__)
+
+DUMMY_SEED = 0
+DUMMY_STD = 0.02
+
+
+def _detect_format(model_config: Any, load_format: str) -> str:
+    if load_format != "auto":
+        return load_format
+    if model_config.gguf_file:
+        return "gguf"
+    if safetensors_files(model_config.model_path):
+        return "safetensors"
+    if pt_files(model_config.model_path):
+        return "pt"
+    raise ValueError(f"No weights found in {model_config.model_path} (no *.safetensors, *.bin or GGUF file).")
+
+
+def get_weights_iterator(model_config: Any, load_format: str = "auto") -> Iterator[tuple[str, np.ndarray]]:
+    """``(HF name, array)`` for every tensor of the configured checkpoint."""
+    fmt = _detect_format(model_config, load_format)
+    folder = model_config.model_path
+    if fmt == "gguf":
+        if not model_config.gguf_file:
+            raise ValueError(f"load_format='gguf' but the model {folder} is not a GGUF file.")
+        return gguf_weights_iterator(os.path.join(folder, model_config.gguf_file), model_config.hf_config)
+    if fmt == "safetensors":
+        files = safetensors_files(folder)
+        if not files:
+            raise ValueError(f"load_format='safetensors' but {folder} has no *.safetensors files.")
+        return safetensors_weights_iterator(files)
+    if fmt == "pt":
+        files = pt_files(folder)
+        if not files:
+            raise ValueError(f"load_format='pt' but {folder} has no *.bin / *.pt files.")
+        return pt_weights_iterator(files)
+    raise ValueError(f"Unknown load_format {fmt!r}.")
+
+
+def initialize_dummy_weights(model: nn.Layer, seed: int = DUMMY_SEED, std: float = DUMMY_STD) -> None:
+    """Deterministic random weights: N(0, std) matrices, ones for norms, zeros for biases."""
+    rng = np.random.default_rng(seed)
+    tie = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    for name, param in model.named_parameters():
+        if tie and name == "lm_head.weight":
+            continue
+        shape = list(param.shape)
+        if "norm" in name:
+            value = np.ones(shape, dtype=np.float32)
+        elif name.endswith(".bias"):
+            value = np.zeros(shape, dtype=np.float32)
+        else:
+            value = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+        load_into(param, value, name)
+    if tie and hasattr(model, "lm_head"):
+        model.lm_head.tie_weights(model.model.embed_tokens)
+
+
+def get_model(model_config: Any, load_config: Any = None) -> nn.Layer:
+    """Instantiate the model class of ``model_config.architectures`` and load its weights.
+
+    Args:
+        model_config: a :class:`fastdeploy.config.ModelConfig` (uses ``hf_config``, ``model_path``,
+            ``gguf_file``, ``dtype``, ``model_impl``).
+        load_config: a :class:`fastdeploy.config.LoadConfig`; ``load_format`` is one of "auto",
+            "safetensors", "gguf", "pt", "dummy".
+
+    Raises:
+        ValueError: unsupported architecture (the message lists the supported ones), no weights,
+            or weights that do not fit the model.
+    """
+    if getattr(model_config, "model_impl", "auto") == "paddleformers":
+        raise ValueError("model_impl='paddleformers' is not available in this build; use 'auto' or 'fastdeploy'.")
+    hf_config = model_config.hf_config
+    model_cls = ModelRegistry.resolve_model_cls(list(getattr(hf_config, "architectures", None) or []))
+    dtype = model_config.dtype if model_config.dtype not in (None, "auto") else "float32"
+    load_format = getattr(load_config, "load_format", "auto") if load_config is not None else "auto"
+    start = time.perf_counter()
+    with paddle.no_grad():
+        model = model_cls(hf_config, dtype=dtype)
+        model.eval()
+        if load_format == "dummy":
+            initialize_dummy_weights(model)
+        else:
+            model.load_weights(get_weights_iterator(model_config, load_format))
+    logger.info(
+        "Loaded %s (%s, %s weights) in %.1f s.", model_cls.__name__, dtype, load_format, time.perf_counter() - start
+    )
+    return model

@@ -1,0 +1,189 @@
+"""Iterate the tensors of a checkpoint as ``(Hugging Face name, numpy array in HF layout)``.
+
+Formats: safetensors (single file or sharded, bf16 included: numpy has no bf16, so it
+is widened to fp32 here), PyTorch ``.bin`` (needs torch), and GGUF (dequantized with
+the ``gguf`` package, tensor names mapped to Hugging Face's).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from fastdeploy.logger import init_logger
+
+logger = init_logger(__name__)
+
+_ST_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+}
+
+
+def _progress(total: int, desc: str) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="tensor", mininterval=1.0, dynamic_ncols=True)
+
+
+# ---------------------------------------------------------------------------- safetensors
+
+
+def safetensors_files(folder: str) -> list[str]:
+    """The safetensors files of a model folder: the shards named by the index, else every ``*.safetensors``."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(folder, s) for s in shards]
+    return sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+
+
+def _safetensors_header(path: str) -> tuple[int, dict[str, Any]]:
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    return 8 + size, header
+
+
+def _decode(buf: np.ndarray, dtype: str, shape: list[int], name: str) -> np.ndarray:
+    if dtype == "BF16":
+        # bf16 is the top half of an fp32: widen exactly.
+        return (buf.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    if dtype not in _ST_DTYPES:
+        raise ValueError(f"Tensor {name} has dtype {dtype}, which the safetensors loader does not support.")
+    return buf.view(_ST_DTYPES[dtype]).reshape(shape)
+
+
+def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
+    """Every tensor of the files, read through a memory map (read-only arrays)."""
+    headers = [_safetensors_header(f) for f in files]
+    total = sum(len(h) for _, h in headers)
+    with _progress(total, "Loading safetensors weights") as bar:
+        for path, (offset, header) in zip(files, headers, strict=True):
+            data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset)
+            for name, info in header.items():
+                start, end = info["data_offsets"]
+                yield name, _decode(data[start:end], info["dtype"], info["shape"], name)
+                bar.update(1)
+            del data
+
+
+# ---------------------------------------------------------------------------- PyTorch .bin
+
+
+def pt_files(folder: str) -> list[str]:
+    """PyTorch checkpoint files: the shards named by the index, else ``*.bin`` / ``*.pt``."""
+    index = os.path.join(folder, "pytorch_model.bin.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            return [os.path.join(folder, s) for s in sorted(set(json.load(f)["weight_map"].values()))]
+    files = sorted(glob.glob(os.path.join(folder, "*.bin")) + glob.glob(os.path.join(folder, "*.pt")))
+    return [f for f in files if not os.path.basename(f).startswith("training_args")]
+
+
+def pt_weights_iterator(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
+    """Every tensor of PyTorch checkpoint files (torch is needed only for this format)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ValueError("Loading PyTorch .bin checkpoints needs torch; convert the model to safetensors.") from e
+    for path in tqdm(files, desc="Loading pt checkpoint shards", unit="file"):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for name, tensor in state.items():
+            yield name, tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy()
+        del state
+
+
+# ---------------------------------------------------------------------------- GGUF
+
+# llama.cpp tensor name (after "blk.N.") -> Hugging Face module name inside "model.layers.N."
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Tensors llama.cpp derives for itself (e.g. llama3 rope factors); the HF config carries the same.
+_GGUF_SKIPPED = {"rope_freqs", "rope_factors_long", "rope_factors_short"}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    """Hugging Face name of a llama.cpp tensor name, or None for tensors to skip.
+
+    Raises:
+        ValueError: a tensor this mapping does not know.
+    """
+    base, _, suffix = name.rpartition(".")
+    if suffix not in ("weight", "bias"):
+        base, suffix = name, ""
+    if base in _GGUF_SKIPPED:
+        return None
+    tail = f".{suffix}" if suffix else ""
+    if base in _GGUF_GLOBAL_NAMES:
+        return _GGUF_GLOBAL_NAMES[base] + tail
+    m = _LAYER_RE.match(base)
+    if m and m.group(2) in _GGUF_LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}{tail}"
+    raise ValueError(f"GGUF tensor {name!r} has no known Hugging Face name (unsupported architecture?).")
+
+
+def unpermute_llama_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation for Llama.
+
+    convert_hf_to_gguf reorders each head's rows from rotate-half order (all first
+    halves, then all second halves) to interleaved pairs, for llama.cpp's interleaved
+    RoPE. Our Llama uses rotate-half RoPE, so the rows go back: in GGUF, row
+    ``h*D + 2*j + s`` holds HF row ``h*D + s*D/2 + j``.
+    """
+    rows = weight.shape[0]
+    head_dim = rows // num_heads
+    w = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
+    return np.ascontiguousarray(w.swapaxes(1, 2).reshape(weight.shape))
+
+
+def gguf_weights_iterator(path: str, hf_config: Any) -> Iterator[tuple[str, np.ndarray]]:
+    """Dequantized tensors of a GGUF file under Hugging Face names and layouts (fp32)."""
+    from fastdeploy.transformers_utils.gguf_utils import load_gguf_tensor, read_gguf_metadata, read_gguf_tensor_infos
+
+    arch = read_gguf_metadata(path).get("general.architecture")
+    num_heads = hf_config.num_attention_heads
+    num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
+    infos = read_gguf_tensor_infos(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    with _progress(len(infos), "Loading GGUF weights") as bar:
+        for info in infos:
+            hf_name = gguf_to_hf_name(info.name)
+            bar.update(1)
+            if hf_name is None:
+                continue
+            array = load_gguf_tensor(data, info)
+            if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+                array = unpermute_llama_qk(array, num_heads)
+            elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+                array = unpermute_llama_qk(array, num_kv_heads)
+            yield hf_name, array
+    del data

@@ -1,0 +1,340 @@
+"""Llama-style decoder-only models, shared by every architecture that differs only in options.
+
+Qwen2, Qwen3 and ERNIE 4.5 (dense) subclass :class:`LlamaForCausalLM` and override
+:meth:`LlamaForCausalLM.decoder_options`. Per step the hot path per layer is: fused
+RMSNorm(+residual), one QKV matmul, one split, RoPE on Q and K stacked together,
+paged attention, the output projection, fused RMSNorm(+residual), one gate/up matmul,
+swiglu, the down projection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import paddle
+from paddle import nn
+
+from fastdeploy.logger import init_logger
+from fastdeploy.model_executor.layers.activation import SiluAndMul
+from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
+from fastdeploy.model_executor.layers.attention.paged_attention import PagedAttention
+from fastdeploy.model_executor.layers.layernorm import RMSNorm, rms_norm
+from fastdeploy.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from fastdeploy.model_executor.layers.logits_processor import LogitsProcessor
+from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
+from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from fastdeploy.model_executor.utils import load_into, load_into_slice, new_parameter
+
+logger = init_logger(__name__)
+
+
+@dataclass(frozen=True)
+class DecoderOptions:
+    """What distinguishes the Llama-family architectures from each other."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    is_neox_style: bool = True  # False: interleaved (GPT-J) RoPE pairs (ERNIE 4.5)
+
+
+def rope_settings(hf_config: Any) -> tuple[float, dict[str, Any] | None, int]:
+    """``(rope_theta, scaling dict or None, rotary_dim)`` from a transformers 4 or 5 config."""
+    head_dim = get_head_dim(hf_config)
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and params:
+        scaling = dict(params)
+        base = float(scaling.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+        factor = scaling.pop("partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0))
+    else:
+        scaling = dict(getattr(hf_config, "rope_scaling", None) or {})
+        base = float(getattr(hf_config, "rope_theta", 10000.0))
+        factor = getattr(hf_config, "partial_rotary_factor", 1.0)
+    if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = {}
+    return base, scaling or None, int(head_dim * (factor or 1.0))
+
+
+def get_head_dim(hf_config: Any) -> int:
+    """Per-head dimension: ``head_dim`` when the config sets it, else hidden / heads."""
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+class LlamaMLP(nn.Layer):
+    """SwiGLU feed-forward with gate and up fused into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, dtype: str) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias, dtype=dtype)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, dtype=dtype)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class QKNorm(nn.Layer):
+    """Per-head RMSNorm of queries and keys stacked as ``[T, H + KVH, D]`` (Qwen3's q_norm / k_norm).
+
+    The q and k weights are tiled into one ``[H + KVH, D]`` table at load time, so both
+    norms take one normalization and one multiply.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, dtype: str) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim, self.eps = num_heads, num_kv_heads, head_dim, eps
+        self.weight = new_parameter([num_heads + num_kv_heads, head_dim], dtype, fill=1.0)
+        self.register_buffer("ones", paddle.ones([head_dim], dtype=dtype), persistable=False)
+
+    shard_ids = ("q", "k")
+
+    def forward(self, qk: paddle.Tensor) -> paddle.Tensor:
+        return rms_norm(qk, self.ones, self.eps)[0] * self.weight
+
+    def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
+        """Load HF's ``q_norm.weight`` (shard "q") or ``k_norm.weight`` (shard "k"), each ``[D]``."""
+        if shard_id == "q":
+            load_into_slice(param, np.tile(loaded, (self.num_heads, 1)), 0, self.num_heads, 0, "q_norm")
+        elif shard_id == "k":
+            tiled = np.tile(loaded, (self.num_kv_heads, 1))
+            load_into_slice(param, tiled, self.num_heads, self.num_kv_heads, 0, "k_norm")
+        else:
+            raise ValueError(f"QKNorm shard must be 'q' or 'k', got {shard_id!r}.")
+
+
+class LlamaAttention(nn.Layer):
+    """Self-attention: fused QKV projection, RoPE (+ optional q/k norm), paged attention, output projection."""
+
+    def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str) -> None:
+        super().__init__()
+        hidden = hf_config.hidden_size
+        self.num_heads = hf_config.num_attention_heads
+        self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = get_head_dim(hf_config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            hidden, self.head_dim, self.num_heads, self.num_kv_heads, bias=options.qkv_bias, dtype=dtype
+        )
+        self.o_proj = RowParallelLinear(self.q_size, hidden, bias=options.o_bias, dtype=dtype)
+        self.qk_norm = (
+            QKNorm(self.num_heads, self.num_kv_heads, self.head_dim, hf_config.rms_norm_eps, dtype)
+            if options.qk_norm
+            else None
+        )
+        self.rotary_emb = rotary_emb
+        self.attn = PagedAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads)
+
+    def forward(
+        self,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        hidden_states: paddle.Tensor,
+        kv_cache: tuple[paddle.Tensor, paddle.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> paddle.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        qk, v = paddle.split(qkv, [self.q_size + self.kv_size, self.kv_size], axis=-1)
+        # Q and K stacked along heads get norm and rotation in one go.
+        qk = qk.reshape([qk.shape[0], self.num_heads + self.num_kv_heads, self.head_dim])
+        if self.qk_norm is not None:
+            qk = self.qk_norm(qk)
+        qk = self.rotary_emb.rotate(qk, cos, sin)
+        q, k = paddle.split(qk, [self.num_heads, self.num_kv_heads], axis=1)
+        return self.o_proj(self.attn(q, k, v, kv_cache, attn_metadata))
+
+
+class LlamaDecoderLayer(nn.Layer):
+    """Pre-norm decoder block; the residual stream is carried separately so norms fuse the add."""
+
+    def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str) -> None:
+        super().__init__()
+        hidden, eps = hf_config.hidden_size, hf_config.rms_norm_eps
+        self.self_attn = LlamaAttention(hf_config, options, rotary_emb, dtype)
+        self.mlp = LlamaMLP(hidden, hf_config.intermediate_size, options.mlp_bias, dtype)
+        self.input_layernorm = RMSNorm(hidden, eps, dtype)
+        self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
+
+    def forward(
+        self,
+        cos: paddle.Tensor,
+        sin: paddle.Tensor,
+        hidden_states: paddle.Tensor,
+        residual: paddle.Tensor | None,
+        kv_cache: tuple[paddle.Tensor, paddle.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(cos, sin, hidden_states, kv_cache, attn_metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Layer):
+    """Embedding, decoder layers and the final norm."""
+
+    def __init__(self, hf_config: Any, options: DecoderOptions, dtype: str = "float32") -> None:
+        super().__init__()
+        self.config = hf_config
+        base, scaling, rotary_dim = rope_settings(hf_config)
+        self.rotary_emb = get_rope(
+            get_head_dim(hf_config),
+            hf_config.max_position_embeddings,
+            base=base,
+            rope_scaling=scaling,
+            is_neox_style=options.is_neox_style,
+            rotary_dim=rotary_dim,
+            dtype=dtype,
+        )
+        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size, dtype)
+        self.layers = nn.LayerList(
+            [LlamaDecoderLayer(hf_config, options, self.rotary_emb, dtype) for _ in range(hf_config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype)
+
+    def forward(
+        self,
+        input_ids: paddle.Tensor,
+        positions: paddle.Tensor,
+        kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]],
+        attn_metadata: AttentionMetadata,
+    ) -> paddle.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb.get_cos_sin(positions)  # once per forward, shared by every layer
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden_states, residual = layer(cos, sin, hidden_states, residual, kv_cache, attn_metadata)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+# HF projection name -> (fused parameter's module name, shard id).
+_STACKED_PARAMS = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+    "q_norm": ("qk_norm", "q"),
+    "k_norm": ("qk_norm", "k"),
+}
+# Checkpoint entries that are not weights of the model (buffers some exporters save).
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+class LlamaForCausalLM(nn.Layer):
+    """Llama decoder with LM head.
+
+    Interface shared by every model class:
+
+    - ``forward(input_ids [T] int64, positions [T] int64, kv_caches, attn_metadata) -> [T, hidden]``
+      (final norm applied); ``kv_caches`` holds one ``(k_cache, v_cache)`` per layer, each
+      ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+    - ``compute_logits(hidden_states [S, hidden]) -> [S, vocab]`` float32.
+    - ``load_weights(iterable of (HF name, array in HF layout))``.
+    - ``num_layers``, ``num_kv_heads``, ``head_dim`` for sizing the KV cache.
+    """
+
+    def __init__(self, hf_config: Any, dtype: str = "float32") -> None:
+        super().__init__()
+        self.config = hf_config
+        self.dtype_name = dtype
+        self.options = self.decoder_options(hf_config)
+        self.model = LlamaModel(hf_config, self.options, dtype)
+        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype)
+        self.logits_processor = LogitsProcessor(hf_config.vocab_size)
+        self.num_layers = hf_config.num_hidden_layers
+        self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads if self.num_layers else 0
+        self.head_dim = get_head_dim(hf_config)
+        if getattr(hf_config, "use_sliding_window", False) and getattr(hf_config, "sliding_window", None):
+            logger.warning("Sliding-window attention is not implemented: every layer attends to the full context.")
+
+    @classmethod
+    def decoder_options(cls, hf_config: Any) -> DecoderOptions:
+        """Architecture switches read from the config; subclasses override this."""
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        return DecoderOptions(qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(hf_config, "mlp_bias", False)))
+
+    def forward(
+        self,
+        input_ids: paddle.Tensor,
+        positions: paddle.Tensor,
+        kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]],
+        attn_metadata: AttentionMetadata,
+    ) -> paddle.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
+        """Logits ``[S, vocab]`` float32 of the hidden states of the positions being sampled."""
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return bool(getattr(self.config, "tie_word_embeddings", False))
+
+    def _resolve(self, name: str) -> tuple[str, object] | None:
+        """HF parameter name -> (our parameter name, shard id), or None for entries to skip."""
+        if name.endswith(_IGNORED_SUFFIXES):
+            return None
+        parts = name.split(".")
+        if len(parts) >= 2 and parts[-2] in _STACKED_PARAMS:
+            fused, shard = _STACKED_PARAMS[parts[-2]]
+            return ".".join(parts[:-2] + [fused, parts[-1]]), shard
+        return name, None
+
+    def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> set[str]:
+        """Load Hugging Face-named tensors (``[out, in]`` layout), fusing QKV and gate/up once.
+
+        Returns the names of the model parameters that were loaded. With tied embeddings
+        (or no ``lm_head.weight`` in the checkpoint) the LM head copies the embedding.
+
+        Raises:
+            ValueError: a tensor's shape does not match, or parameters are left unloaded.
+        """
+        params = dict(self.named_parameters())
+        layers = dict(self.named_sublayers())
+        loaded: dict[str, set[object]] = {}
+        skipped: list[str] = []
+        for hf_name, array in weights:
+            if self.tie_word_embeddings and hf_name == "lm_head.weight":
+                continue  # the copy of the embedding below is the same tensor
+            resolved = self._resolve(hf_name)
+            if resolved is None:
+                continue
+            name, shard = resolved
+            if name not in params:
+                skipped.append(hf_name)
+                continue
+            owner = layers.get(name.rpartition(".")[0])
+            loader = getattr(owner, "weight_loader", None)
+            if loader is not None:
+                loader(params[name], array, shard)
+            else:
+                load_into(params[name], array, hf_name)
+            loaded.setdefault(name, set()).add(shard)
+        if skipped:
+            logger.warning("Ignored %d checkpoint tensors the model does not use, e.g. %s", len(skipped), skipped[:5])
+        if "lm_head.weight" not in loaded:
+            if not self.tie_word_embeddings:
+                logger.info("No lm_head.weight in the checkpoint: tying the LM head to the embedding.")
+            self.lm_head.tie_weights(self.model.embed_tokens)
+            loaded["lm_head.weight"] = {None}
+        missing = []
+        for name in params:
+            owner = layers.get(name.rpartition(".")[0])
+            # A fused parameter is complete once each of its shards (or the fused tensor) was loaded.
+            expected = set(getattr(owner, "shard_ids", ())) or {None}
+            got = loaded.get(name, set())
+            if None not in got and not expected <= got:
+                missing.append(name)
+        if missing:
+            raise ValueError(f"Checkpoint is missing {len(missing)} model weights, e.g. {missing[:8]}.")
+        return set(loaded)

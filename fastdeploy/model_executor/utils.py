@@ -1,0 +1,58 @@
+"""Parameter helpers shared by the layers and models: creation and checked loading."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import paddle
+
+
+def new_parameter(shape: list[int], dtype: str = "float32", fill: float = 0.0) -> paddle.Tensor:
+    """An inference-only parameter (``stop_gradient=True``, so eager ops record no autograd graph).
+
+    Filled with a constant: real values arrive through the weight loaders, and a
+    constant fill is a memset where a random initializer would cost seconds.
+    """
+    param = paddle.create_parameter(shape=shape, dtype=dtype, default_initializer=paddle.nn.initializer.Constant(fill))
+    param.stop_gradient = True
+    return param
+
+
+def to_tensor(array: np.ndarray | paddle.Tensor, dtype: str) -> paddle.Tensor:
+    """A checkpoint array as a Paddle tensor of the parameter's dtype."""
+    if isinstance(array, paddle.Tensor):
+        return array.astype(dtype) if str(array.dtype).split(".")[-1] != dtype else array
+    if dtype in ("float32", "float16", "float64") or np.dtype(array.dtype).kind not in "f":
+        return paddle.to_tensor(np.ascontiguousarray(array, dtype=dtype))
+    # numpy has no bfloat16: go through float32 and let Paddle cast.
+    return paddle.to_tensor(np.ascontiguousarray(array, dtype=np.float32)).astype(dtype)
+
+
+def param_dtype(param: paddle.Tensor) -> str:
+    """Paddle dtype of a tensor as a plain string ("float32", "bfloat16", ...)."""
+    return str(param.dtype).split(".")[-1]
+
+
+def load_into(param: paddle.Tensor, array: Any, name: str = "") -> None:
+    """Copy ``array`` into ``param`` after checking the shapes agree."""
+    shape = tuple(array.shape)
+    if shape != tuple(param.shape):
+        raise ValueError(
+            f"Shape mismatch loading {name or 'a parameter'}: checkpoint has {shape}, model expects {tuple(param.shape)}."
+        )
+    param.set_value(to_tensor(array, param_dtype(param)))
+
+
+def load_into_slice(param: paddle.Tensor, array: Any, start: int, size: int, axis: int, name: str = "") -> None:
+    """Copy ``array`` into ``param[..., start:start + size]`` along ``axis`` (fused layouts)."""
+    expected = list(param.shape)
+    expected[axis] = size
+    if list(array.shape) != expected:
+        raise ValueError(
+            f"Shape mismatch loading {name or 'a parameter'}: checkpoint has {tuple(array.shape)}, "
+            f"model expects {tuple(expected)} for this shard."
+        )
+    index = [slice(None)] * len(expected)
+    index[axis] = slice(start, start + size)
+    param[tuple(index)] = to_tensor(array, param_dtype(param))

@@ -1,0 +1,1 @@
+"""Helpers around Hugging Face formats: model resolution, configs, tokenizers, GGUF metadata."""

@@ -1,0 +1,248 @@
+"""Shared helpers for model tests: tiny random HF checkpoints and a paged-cache greedy runner.
+
+``build_tiny_checkpoint`` writes a 2-layer, hidden-64 model of any supported
+architecture with transformers (random weights, seeded, biases and norm weights
+randomized too so they matter). ``PagedRunner`` drives one of our models the way
+the model runner does: a paged KV cache with a shuffled block table, flat slot
+mapping, decodes first and prefills after, one forward per step.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import paddle
+
+from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata, PrefillSeqMetadata
+
+TINY_VOCAB = 1000
+ARCHITECTURES = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Ernie4_5ForCausalLM"]
+
+_COMMON = dict(
+    vocab_size=TINY_VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+# Each architecture exercises its own options: untied head, biases, head_dim != hidden / heads.
+_ARCH_OPTIONS: dict[str, dict[str, Any]] = {
+    "LlamaForCausalLM": dict(tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 500.0}),
+    "Qwen2ForCausalLM": dict(tie_word_embeddings=False),
+    "Qwen3ForCausalLM": dict(tie_word_embeddings=True, head_dim=32),
+    "Ernie4_5ForCausalLM": dict(tie_word_embeddings=True, use_bias=True, head_dim=16),
+}
+
+
+def tiny_hf_config(arch: str, **overrides: Any):
+    """A transformers config of ``arch`` with tiny dimensions."""
+    import transformers
+
+    config_cls = {
+        "LlamaForCausalLM": transformers.LlamaConfig,
+        "Qwen2ForCausalLM": transformers.Qwen2Config,
+        "Qwen3ForCausalLM": transformers.Qwen3Config,
+        "Ernie4_5ForCausalLM": transformers.Ernie4_5Config,
+    }[arch]
+    kwargs = {**_COMMON, **_ARCH_OPTIONS[arch], **overrides}
+    config = config_cls(**kwargs)
+    config.architectures = [arch]
+    return config
+
+
+def build_tiny_checkpoint(
+    arch: str, path: str | os.PathLike, seed: int = 0, std: float = 0.08, **overrides: Any
+) -> str:
+    """Save a tiny random ``arch`` model as safetensors into ``path``; returns the folder."""
+    import torch
+    import transformers
+
+    config = tiny_hf_config(arch, **overrides)
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(std * torch.randn_like(p))
+    model.save_pretrained(str(path), safe_serialization=True)
+    return str(path)
+
+
+def load_hf_model(path: str):
+    """The transformers model of a checkpoint folder, fp32, eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def load_our_model(path: str, gguf_file: str | None = None, load_format: str = "auto"):
+    """Our model of a checkpoint folder (or GGUF file in it) through ModelConfig + get_model."""
+    from fastdeploy.config import LoadConfig, ModelConfig
+    from fastdeploy.model_executor.model_loader import get_model
+
+    model_config = ModelConfig(model=os.path.join(path, gguf_file) if gguf_file else path)
+    return get_model(model_config, LoadConfig(load_format=load_format))
+
+
+def hf_greedy(hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' greedy continuation of ``prompt`` (never stops at EOS)."""
+    import torch
+
+    out = hf_model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def hf_logits(hf_model, prompt: list[int]) -> np.ndarray:
+    """transformers' logits ``[len(prompt), vocab]`` for one prompt."""
+    import torch
+
+    with torch.no_grad():
+        return hf_model(torch.tensor([prompt])).logits[0].float().numpy()
+
+
+@dataclass
+class _Seq:
+    tokens: list[int]
+    num_computed: int = 0
+    blocks: list[int] = field(default_factory=list)
+
+
+class PagedRunner:
+    """A minimal model runner: paged KV cache with shuffled blocks, mixed decode/prefill steps.
+
+    Args:
+        model: one of our models.
+        num_blocks: blocks per layer cache.
+        block_size: tokens per block (small, so sequences span several blocks).
+        seed: seeds the block order (a shuffled, non-identity block table).
+    """
+
+    def __init__(self, model, num_blocks: int = 128, block_size: int = 4, seed: int = 0) -> None:
+        self.model = model
+        self.block_size = block_size
+        shape = [num_blocks, block_size, model.num_kv_heads, model.head_dim]
+        # Zero-filled so that masked padding slots hold finite values.
+        self.kv_caches = [(paddle.zeros(shape), paddle.zeros(shape)) for _ in range(model.num_layers)]
+        self.free_blocks = [int(b) for b in np.random.default_rng(seed).permutation(num_blocks)]
+        self.seqs: dict[Any, _Seq] = {}
+
+    def add(self, seq_id: Any, prompt: list[int]) -> None:
+        self.seqs[seq_id] = _Seq(list(prompt))
+
+    def append(self, seq_id: Any, token: int) -> None:
+        self.seqs[seq_id].tokens.append(int(token))
+
+    def _slots(self, seq: _Seq, positions: np.ndarray) -> np.ndarray:
+        blocks = np.asarray(seq.blocks, dtype=np.int64)
+        return blocks[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def step(self, schedule: list[tuple[Any, int]]) -> paddle.Tensor:
+        """Run one forward over ``(seq_id, num_new_tokens)`` pairs; returns the logits of each chunk's last token.
+
+        Chunks of one token are decodes and must come first; the rest are (chunked) prefills.
+        """
+        seen_prefill = False
+        input_ids, positions, slot_mapping = [], [], []
+        decode_slots, decode_lens, prefills = [], [], []
+        last_rows = []
+        for seq_id, n in schedule:
+            seq = self.seqs[seq_id]
+            start, end = seq.num_computed, seq.num_computed + n
+            assert end <= len(seq.tokens), "scheduled past the known tokens"
+            while len(seq.blocks) * self.block_size < end:
+                seq.blocks.append(self.free_blocks.pop())
+            pos = np.arange(start, end)
+            row = len(input_ids)
+            input_ids += seq.tokens[start:end]
+            positions += pos.tolist()
+            slot_mapping += self._slots(seq, pos).tolist()
+            if n == 1:
+                assert not seen_prefill, "decodes must come before prefills"
+                decode_slots.append(self._slots(seq, np.arange(end)))
+                decode_lens.append(end)
+            else:
+                seen_prefill = True
+                ctx_slots = paddle.to_tensor(self._slots(seq, np.arange(end)))
+                prefills.append(PrefillSeqMetadata(row, n, end, ctx_slots))
+            last_rows.append(row + n - 1)
+            seq.num_computed = end
+        md = AttentionMetadata(
+            num_tokens=len(input_ids),
+            slot_mapping=paddle.to_tensor(np.asarray(slot_mapping, dtype=np.int64)),
+            num_decodes=len(decode_slots),
+            prefills=prefills,
+        )
+        if decode_slots:
+            width = max(decode_lens)
+            slots = np.zeros((len(decode_slots), width), dtype=np.int64)  # padding -> slot 0, masked
+            mask = np.full((len(decode_slots), 1, 1, width), -np.inf, dtype=np.float32)
+            for i, s in enumerate(decode_slots):
+                slots[i, : len(s)] = s
+                mask[i, ..., : len(s)] = 0.0
+            md.decode_slots = paddle.to_tensor(slots)
+            md.decode_mask = paddle.to_tensor(mask)
+        with paddle.no_grad():
+            hidden = self.model(
+                paddle.to_tensor(np.asarray(input_ids, dtype=np.int64)),
+                paddle.to_tensor(np.asarray(positions, dtype=np.int64)),
+                self.kv_caches,
+                md,
+            )
+            self.last_hidden = hidden
+            return self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(last_rows, dtype="int64")))
+
+
+def greedy_generate(
+    model, prompt: list[int], max_new_tokens: int, block_size: int = 4, prefill_chunk: int | None = None, seed: int = 0
+) -> tuple[list[int], np.ndarray]:
+    """Greedy continuation of ``prompt`` through ``PagedRunner``: (new tokens, logits of the first sampled step).
+
+    ``prefill_chunk`` splits the prompt into chunks (chunked prefill over cached context).
+    """
+    num_blocks = (len(prompt) + max_new_tokens) // block_size + 4
+    runner = PagedRunner(model, num_blocks=num_blocks, block_size=block_size, seed=seed)
+    runner.add(0, prompt)
+    chunk = prefill_chunk or len(prompt)
+    done = 0
+    while done < len(prompt):
+        n = min(chunk, len(prompt) - done)
+        logits = runner.step([(0, n)])
+        done += n
+    first = logits.numpy()[0]
+    out = []
+    for _ in range(max_new_tokens):
+        token = int(np.argmax(logits.numpy()[0]))
+        out.append(token)
+        runner.append(0, token)
+        if len(out) < max_new_tokens:
+            logits = runner.step([(0, 1)])
+    return out, first
+
+
+def prefill_logits(model, prompt: list[int], block_size: int = 4, seed: int = 0) -> np.ndarray:
+    """Logits ``[len(prompt), vocab]`` of every prompt position from one paged prefill."""
+    runner = PagedRunner(model, num_blocks=len(prompt) // block_size + 4, block_size=block_size, seed=seed)
+    runner.add(0, prompt)
+    runner.step([(0, len(prompt))])
+    with paddle.no_grad():
+        return model.compute_logits(runner.last_hidden).numpy()
