@@ -37,6 +37,8 @@ class ModelConfig:
     model: str
     tokenizer: str | None = None
     tokenizer_mode: str = "auto"
+    # No tokenizer: prompts must be token ids and outputs carry no text (vLLM's option).
+    skip_tokenizer_init: bool = False
     trust_remote_code: bool = False
     dtype: str = "auto"
     seed: int | None = 0

@@ -46,6 +46,7 @@ class EngineArgs:
     served_model_name: list[str] | str | None = None
     tokenizer: str | None = None
     tokenizer_mode: str = "auto"
+    skip_tokenizer_init: bool = False
     trust_remote_code: bool = False
     revision: str | None = None
     dtype: str = "auto"
@@ -102,6 +103,7 @@ class EngineArgs:
             model=self.model,
             tokenizer=self.tokenizer,
             tokenizer_mode=self.tokenizer_mode,
+            skip_tokenizer_init=self.skip_tokenizer_init,
             trust_remote_code=self.trust_remote_code,
             dtype=self.dtype,
             seed=self.seed,

@@ -17,8 +17,10 @@ from fastdeploy.transformers_utils.tokenizer import get_tokenizer
 
 
 def load_tokenizer(fd_config: FDConfig):
-    """The tokenizer of the configured model (its GGUF metadata or its folder)."""
+    """The tokenizer of the configured model (its GGUF metadata or its folder); None with skip_tokenizer_init."""
     mc = fd_config.model_config
+    if mc.skip_tokenizer_init:
+        return None
     gguf = mc.gguf_file if mc.tokenizer_path == mc.model_path else None
     return get_tokenizer(
         mc.tokenizer_path,

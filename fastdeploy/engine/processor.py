@@ -19,7 +19,9 @@ class Processor:
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.generation_config = model_config.get_generation_config()
-        self.eos_token_id = tokenizer.eos_token_id if tokenizer is not None else model_config.hf_config.eos_token_id
+        eos = tokenizer.eos_token_id if tokenizer is not None else model_config.hf_config.eos_token_id
+        # Configs may list several EOS ids; the first is the model's own, the rest arrive via generation_config.
+        self.eos_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
 
     def tokenize_prompt(self, prompt: PromptType, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
         """Text and token ids of a prompt in any accepted form."""
