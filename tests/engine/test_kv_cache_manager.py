@@ -66,3 +66,11 @@ def test_reset_prefix_cache_only_when_idle():
     kv.free(a)
     assert kv.reset_prefix_cache()
     assert kv.get_computed_blocks(make_request("b", list(range(9))))[1] == 0
+
+
+def test_prompt_logprobs_requests_skip_the_prefix_cache():
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_caching=True)
+    a = make_request("a", list(range(12)))
+    kv.allocate_slots(a, 12)
+    core = EngineCoreRequest("b", list(range(13)), SamplingParams(max_tokens=2, prompt_logprobs=1), None, time.time())
+    assert kv.get_computed_blocks(Request(core, 1024)) == ([], 0)

@@ -37,7 +37,8 @@ class KVCacheManager:
 
         The last token is never taken from the cache: its logits are needed.
         """
-        if not self.enable_caching:
+        # Prompt logprobs need every prompt position computed, so such requests skip the cache (as vLLM).
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
         max_blocks = (request.num_tokens - 1) // self.block_size
