@@ -7,6 +7,9 @@ Public names are imported lazily so that ``import fastdeploy.sampling_params``
 import importlib
 import os as _os
 
+# Whether the user chose the thread count; the API server then passes it to the engine
+# process unchanged instead of leaving one core to the HTTP process.
+USER_SET_OMP_NUM_THREADS = "OMP_NUM_THREADS" in _os.environ
 # Paddle forces OMP_NUM_THREADS=1 at import unless it is already set.
 _os.environ.setdefault("OMP_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
 
@@ -16,6 +19,8 @@ _EXPORTS = {
     "LLM": "fastdeploy.entrypoints.llm",
     "LLMEngine": "fastdeploy.engine.llm_engine",
     "EngineArgs": "fastdeploy.engine.arg_utils",
+    "AsyncEngineArgs": "fastdeploy.engine.arg_utils",
+    "AsyncLLMEngine": "fastdeploy.engine.async_llm",
     "SamplingParams": "fastdeploy.sampling_params",
     "BeamSearchParams": "fastdeploy.sampling_params",
     "StructuredOutputsParams": "fastdeploy.sampling_params",

@@ -9,7 +9,15 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from fastdeploy.config import CacheConfig, FDConfig, LoadConfig, ModelConfig, ParallelConfig, SchedulerConfig
+from fastdeploy.config import (
+    CacheConfig,
+    FDConfig,
+    LoadConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    StructuredOutputsConfig,
+)
 
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 
@@ -77,7 +85,7 @@ class EngineArgs:
     # Features that live in their own configs.
     speculative_config: dict[str, Any] | None = None
     kv_transfer_config: dict[str, Any] | None = None
-    structured_outputs_config: dict[str, Any] | None = None
+    structured_outputs_config: dict[str, Any] | StructuredOutputsConfig | None = None
     graph_optimization_config: dict[str, Any] | None = None
     splitwise_role: str = "mixed"
     disable_log_stats: bool = False
@@ -99,6 +107,8 @@ class EngineArgs:
     def create_engine_config(self) -> FDConfig:
         """Validate the arguments and build the FDConfig; unbuilt features fail here by name."""
         self._reject_unbuilt()
+        # Checked before the model is loaded so a bad backend fails fast.
+        structured_outputs_config = self._structured_outputs_config()
         model_config = ModelConfig(
             model=self.model,
             tokenizer=self.tokenizer,
@@ -138,8 +148,16 @@ class EngineArgs:
             load_config=LoadConfig(load_format=self.load_format),
             speculative_config=self.speculative_config,
             kv_transfer_config=self.kv_transfer_config,
-            structured_outputs_config=self.structured_outputs_config,
+            structured_outputs_config=structured_outputs_config,
         )
+
+    def _structured_outputs_config(self) -> StructuredOutputsConfig:
+        """--structured-outputs-config with the legacy --guided-decoding-backend folded in as its backend."""
+        value = self.structured_outputs_config
+        values = dataclasses.asdict(value) if isinstance(value, StructuredOutputsConfig) else dict(value or {})
+        if self.guided_decoding_backend is not None:
+            values.setdefault("backend", self.guided_decoding_backend)
+        return StructuredOutputsConfig.from_value(values)
 
     def _reject_unbuilt(self) -> None:
         unbuilt = {
@@ -150,10 +168,7 @@ class EngineArgs:
             "kv_transfer_config": self.kv_transfer_config is not None,
             "splitwise_role": self.splitwise_role != "mixed",
             "scheduler_name": self.scheduler_name != "local",
-            "model_impl": self.model_impl == "paddleformers",
             "router": self.router is not None,
-            "guided_decoding_backend": self.guided_decoding_backend not in (None, "auto"),
-            "structured_outputs_config": (self.structured_outputs_config or {}).get("backend", "auto") != "auto",
         }
         for name, used in unbuilt.items():
             if used:
@@ -173,7 +188,7 @@ class EngineArgs:
         if unknown:
             raise TypeError(f"Unknown engine argument(s): {', '.join(sorted(unknown))}")
         for key in ("speculative_config", "kv_transfer_config", "structured_outputs_config", "graph_optimization_config"):
-            if key in kwargs:
+            if key in kwargs and not isinstance(kwargs[key], StructuredOutputsConfig):
                 kwargs[key] = parse_json(kwargs[key])
         return cls(**kwargs)
 

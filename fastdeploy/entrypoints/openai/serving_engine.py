@@ -1,0 +1,200 @@
+"""OpenAIServing: what the completion, chat and tokenizer endpoints share.
+
+Error envelopes, model-name checks, prompt-length checks, max_tokens clamping,
+request ids and token spelling in logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import Request
+
+from fastdeploy.engine.async_llm import AsyncLLM
+from fastdeploy.engine.exceptions import EngineDeadError
+from fastdeploy.entrypoints.openai.protocol import (
+    ErrorInfo,
+    ErrorResponse,
+    PromptTokenUsageInfo,
+    SamplingRequest,
+    UsageInfo,
+    random_uuid,
+)
+from fastdeploy.entrypoints.openai.serving_models import OpenAIServingModels
+from fastdeploy.logger import init_logger
+from fastdeploy.logprobs import Logprob
+from fastdeploy.sampling_params import ParamValidationError, StructuredOutputsParams
+
+logger = init_logger(__name__)
+
+# JSON has no -inf: logprobs below this are reported as this value (as OpenAI and vLLM do).
+MIN_LOGPROB = -9999.0
+
+
+def sse(data: str) -> str:
+    """One server-sent event."""
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = sse("[DONE]")
+
+
+def error_response(message: str, err_type: str = "BadRequestError", status_code: int = HTTPStatus.BAD_REQUEST,
+                   param: str | None = None) -> ErrorResponse:
+    """vLLM's error envelope: ``{"error": {"message", "type", "param", "code"}}``."""
+    return ErrorResponse(error=ErrorInfo(message=message, type=err_type, param=param, code=int(status_code)))
+
+
+def error_from_exception(exc: BaseException) -> ErrorResponse:
+    """Map an exception to its envelope: bad input is 400, a dead engine or a bug is 500."""
+    if isinstance(exc, ParamValidationError):
+        return error_response(str(exc), param=exc.parameter)
+    if isinstance(exc, (ValueError, TypeError, OverflowError)) or type(exc).__name__ == "TemplateError":
+        return error_response(str(exc))
+    if isinstance(exc, NotImplementedError):
+        return error_response(str(exc), "NotImplementedError", HTTPStatus.NOT_IMPLEMENTED)
+    if not isinstance(exc, EngineDeadError):
+        logger.exception("Internal error while serving a request.", exc_info=exc)
+    return error_response(str(exc) or type(exc).__name__, "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+class OpenAIServing:
+    """Base of the OpenAI endpoints' handlers."""
+
+    request_id_prefix = ""
+
+    def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, *, return_tokens_as_token_ids: bool = False,
+                 enable_prompt_tokens_details: bool = False, enable_force_include_usage: bool = False) -> None:
+        self.engine = engine
+        self.models = models
+        self.model_config = engine.model_config
+        self.max_model_len = engine.model_config.max_model_len
+        self.tokenizer = engine.tokenizer
+        self.token_strings = engine.output_processor.token_strings
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
+        self.enable_force_include_usage = enable_force_include_usage
+        # Sampling defaults from the model's generation_config.json (vLLM's behaviour).
+        self.default_sampling_params = engine.processor.default_sampling_params()
+
+    # ---- errors -------------------------------------------------------------------------
+    @staticmethod
+    def create_error_response(message: str | BaseException, err_type: str = "BadRequestError",
+                              status_code: int = HTTPStatus.BAD_REQUEST, param: str | None = None) -> ErrorResponse:
+        if isinstance(message, BaseException):
+            return error_from_exception(message)
+        return error_response(message, err_type, status_code, param)
+
+    def create_streaming_error_response(self, message: str | BaseException) -> str:
+        return json.dumps(self.create_error_response(message).model_dump())
+
+    # ---- checks -------------------------------------------------------------------------
+    def check_model(self, request: Any) -> ErrorResponse | None:
+        """404 for a model name this server does not serve (no name means the default)."""
+        if self.models.is_base_model(getattr(request, "model", None)):
+            return None
+        return error_response(f"The model `{request.model}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND,
+                              param="model")
+
+    def check_unsupported(self, request: SamplingRequest) -> ErrorResponse | None:
+        """400 for request features this build cannot honour, rather than ignoring them silently."""
+        if request.use_beam_search:
+            return error_response("Beam search (`use_beam_search`) is not supported by this FastDeploy build yet.",
+                                  param="use_beam_search")
+        if request.priority != 0:
+            return error_response(f"Got priority {request.priority} but Priority scheduling is not enabled.",
+                                  param="priority")
+        if request.truncate_prompt_tokens is not None and request.truncate_prompt_tokens > self.max_model_len:
+            return error_response("truncate_prompt_tokens value is greater than max_model_len. "
+                                  "Please, select a smaller truncation size.", param="truncate_prompt_tokens")
+        return None
+
+    @staticmethod
+    def structured_outputs(request: SamplingRequest) -> StructuredOutputsParams | None:
+        """The output constraint of response_format / structured_outputs / guided_* (ValueError when malformed)."""
+        from fastdeploy.model_executor.guided_decoding.openai_params import structured_outputs_from_request
+
+        return structured_outputs_from_request(request)
+
+    def truncate(self, prompt_ids: list[int], truncate_prompt_tokens: int | None) -> list[int]:
+        """Keep the last ``truncate_prompt_tokens`` prompt tokens (-1: as many as the model takes)."""
+        if truncate_prompt_tokens is None:
+            return prompt_ids
+        keep = self.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+        return prompt_ids[-keep:] if keep else []
+
+    def validate_prompt_length(self, num_tokens: int) -> None:
+        """A prompt must leave room for at least one generated token (vLLM's wording)."""
+        if num_tokens >= self.max_model_len:
+            raise ParamValidationError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
+                f"{num_tokens} input tokens. Please reduce the length of the input messages.",
+                parameter="input_tokens",
+                value=num_tokens,
+            )
+
+    def max_tokens(self, requested: int | None, num_prompt_tokens: int) -> int:
+        """Requested max_tokens clamped to what the context has left (default: all of it, or the model's)."""
+        candidates = [self.max_model_len - num_prompt_tokens, requested, self.default_sampling_params.get("max_tokens")]
+        return min(v for v in candidates if v is not None)
+
+    @staticmethod
+    def base_request_id(raw_request: Request | None, default: str | None = None) -> str:
+        """The X-Request-Id header, else the request's request_id, else a new uuid."""
+        if raw_request is not None and (header := raw_request.headers.get("X-Request-Id")):
+            return header
+        return default or random_uuid()
+
+    @staticmethod
+    def engine_request_id(response_id: str, index: int) -> str:
+        # A random tail keeps two clients that send the same X-Request-Id apart in the engine.
+        return f"{response_id}-{index}-{random_uuid()[:8]}"
+
+    # ---- logprobs -----------------------------------------------------------------------
+    def token_text(self, token_id: int, logprob: Logprob | None, as_token_id: bool) -> str:
+        """How a token is spelled in logprobs: its text, or ``token_id:<id>`` when asked."""
+        if as_token_id:
+            return f"token_id:{token_id}"
+        if logprob is not None and logprob.decoded_token is not None:
+            return logprob.decoded_token
+        return self.token_strings([token_id])[0]
+
+    # ---- usage --------------------------------------------------------------------------
+    def usage(self, num_prompt: int, num_generated: int, num_cached: int | None) -> UsageInfo:
+        """Token counts of a response (cached prompt tokens with --enable-prompt-tokens-details)."""
+        usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_generated,
+                          total_tokens=num_prompt + num_generated)
+        if self.enable_prompt_tokens_details and num_cached is not None:
+            usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=num_cached)
+        return usage
+
+    def usage_flags(self, request: SamplingRequest) -> tuple[bool, bool]:
+        """(final usage chunk, usage on every chunk) of a stream."""
+        options = request.stream_options
+        include = self.enable_force_include_usage or bool(options and options.include_usage)
+        return include, include and bool(options and options.continuous_usage_stats)
+
+    def return_as_token_ids(self, request: SamplingRequest) -> bool:
+        if request.return_tokens_as_token_ids is not None:
+            return request.return_tokens_as_token_ids
+        return self.return_tokens_as_token_ids
+
+
+def clamp_logprob(value: float) -> float:
+    return max(value, MIN_LOGPROB)
+
+
+def jsonable_prompt_logprobs(prompt_logprobs: list[Mapping[int, Logprob] | None] | None) -> list | None:
+    """Prompt logprobs as JSON-safe dicts (``-inf`` clamped), for the ``prompt_logprobs`` response field."""
+    if prompt_logprobs is None:
+        return None
+    return [
+        None if entry is None else {
+            tid: {"logprob": clamp_logprob(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for tid, lp in entry.items()
+        }
+        for entry in prompt_logprobs
+    ]

@@ -1,0 +1,1 @@
+"""Small helpers shared by the entrypoints (argument parsing, networking)."""

@@ -1,0 +1,134 @@
+"""``fastdeploy serve`` flags: vLLM's names and defaults, FastDeploy's, --config, JSON values, rejections."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastdeploy.engine.arg_utils import AsyncEngineArgs
+from fastdeploy.entrypoints.openai.cli_args import create_parser, validate_parsed_serve_args
+
+
+def parse(*argv: str):
+    return create_parser().parse_args(list(argv))
+
+
+def test_vllm_defaults():
+    args = parse()
+    assert args.port == 8000 and args.host is None
+    assert args.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert args.max_logprobs == 20 and args.seed == 0 and args.max_model_len is None
+    assert args.response_role == "assistant" and args.uvicorn_log_level == "info"
+    assert args.api_key is None and args.allowed_origins == ["*"]
+    assert args.enable_prefix_caching is None and args.enable_chunked_prefill is None
+    assert args.tensor_parallel_size == 1 and args.data_parallel_size == 1
+    assert args.block_size is None and args.gpu_memory_utilization == 0.9 and args.swap_space == 4
+    assert args.load_format == "auto" and args.generation_config == "auto" and args.dtype == "auto"
+
+
+def test_every_compat_flag_is_accepted():
+    args = parse(
+        "--host", "127.0.0.1", "--port", "9000", "--served-model-name", "a", "b", "--api-key", "k",
+        "--allowed-origins", '["http://x"]', "--uvicorn-log-level", "debug", "--tokenizer", "t", "--revision", "main",
+        "--trust-remote-code", "--dtype", "float32", "--seed", "1", "--max-model-len", "1k", "-q", "fp8",
+        "--max-logprobs", "5", "--generation-config", "vllm", "--chat-template", "t.jinja", "--response-role", "bot",
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+        "--structured-outputs-config", '{"backend": "auto"}', "--guided-decoding-backend", "auto",
+        "--block-size", "32", "--gpu-memory-utilization", "0.5", "--kv-cache-memory-bytes", "1G", "--swap-space", "2",
+        "--no-enable-prefix-caching", "--enable-chunked-prefill", "--max-num-seqs", "8",
+        "--max-num-batched-tokens", "4096", "-tp", "1", "-dp", "1", "--speculative-config", '{"method": "ngram"}',
+        "--kv-transfer-config", '{"kv_connector": "x"}', "--enforce-eager", "--disable-log-stats",
+        "--enable-log-requests", "--enable-prompt-tokens-details", "--enable-tokenizer-info-endpoint",
+        "--return-tokens-as-token-ids", "--load-format", "gguf",
+        "--engine-worker-queue-port", "7000", "--metrics-port", "9100", "--cache-queue-port", "7100",
+        "--kv-cache-ratio", "0.5", "--model-impl", "fastdeploy", "--splitwise-role", "mixed",
+        "--cache-transfer-protocol", "ipc", "--pd-comm-port", "7200", "7201", "--router", "http://r:8",
+        "--scheduler-name", "local", "--scheduler-host", "h", "--scheduler-port", "6379", "--scheduler-topic", "t",
+        "--graph-optimization-config", '{"use_cudagraph": false}', "--enable-logprob",
+    )
+    assert args.served_model_name == ["a", "b"] and args.api_key == ["k"]
+    assert args.max_model_len == 1000 and args.quantization == "fp8"
+    assert args.kv_cache_memory_bytes == 1 << 30 and args.enable_prefix_caching is False
+    assert args.speculative_config == {"method": "ngram"} and args.pd_comm_port == [7200, 7201]
+    assert args.graph_optimization_config == {"use_cudagraph": False}
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    assert engine_args.engine_worker_queue_port == 7000 and engine_args.enable_log_requests
+
+
+@pytest.mark.parametrize(("value", "expected"), [("2048", 2048), ("1k", 1000), ("1K", 1024), ("32K", 32768),
+                                                 ("auto", None), ("-1", None)])
+def test_max_model_len_forms(value, expected):
+    assert parse("--max-model-len", value).max_model_len == expected
+
+
+def test_boolean_optional_flags():
+    assert parse("--enable-prefix-caching").enable_prefix_caching is True
+    assert parse("--no-enable-prefix-caching").enable_prefix_caching is False
+    assert parse("--no-enable-chunked-prefill").enable_chunked_prefill is False
+
+
+def test_underscores_and_dotted_json_flags():
+    args = parse("--max_num_seqs", "4", "--speculative-config.method", "ngram",
+                 "--speculative-config.num_speculative_tokens", "3")
+    assert args.max_num_seqs == 4
+    assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 3}
+
+
+def test_config_file(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("port: 9001\nmax-model-len: 1k\nenable-prefix-caching: false\nserved_model_name: [x, y]\n"
+                      "speculative-config:\n  method: ngram\n")
+    args = parse("--config", str(config), "--port", "9002")
+    assert args.port == 9002  # the command line wins over the file
+    assert args.max_model_len == 1000 and args.enable_prefix_caching is False
+    assert args.served_model_name == ["x", "y"] and args.speculative_config == {"method": "ngram"}
+
+
+def test_unknown_flag_is_an_error_naming_it(capsys):
+    with pytest.raises(SystemExit):
+        parse("--no-such-flag", "1")
+    assert "--no-such-flag" in capsys.readouterr().err
+
+
+def test_bad_json_value_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        parse("--speculative-config", "{not json")
+    assert "--speculative-config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["-tp", "2"], "--tensor-parallel-size"),
+    (["-dp", "2"], "--data-parallel-size"),
+    (["--speculative-config", '{"method": "ngram"}'], "--speculative-config"),
+    (["--kv-transfer-config", '{"kv_connector": "x"}'], "--kv-transfer-config"),
+    (["--splitwise-role", "prefill"], "--splitwise-role"),
+    (["--scheduler-name", "global"], "--scheduler-name"),
+    (["--router", "http://router:8000"], "--router"),
+    (["--guided-decoding-backend", "outlines"], "outlines"),
+    (["--structured-outputs-config", '{"backend": "guidance"}'], "guidance"),
+])
+def test_unbuilt_engine_features_are_rejected_by_name(argv, flag):
+    engine_args = AsyncEngineArgs.from_cli_args(parse(*argv))
+    with pytest.raises(ValueError, match=flag):
+        engine_args.create_engine_config()
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--tool-parser-plugin", "my_parser.py"], "--tool-parser-plugin"),
+    (["--lora-modules", "a=/x"], "--lora-modules"),
+    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice requires --tool-call-parser"),
+    (["--tool-call-parser", "nope"], "invalid tool call parser"),
+    (["--reasoning-parser", "nope"], "invalid reasoning parser"),
+])
+def test_bad_frontend_flags_are_rejected_by_name(argv, flag):
+    with pytest.raises(ValueError, match=flag):
+        validate_parsed_serve_args(parse(*argv))
+
+
+def test_parser_flags_are_accepted():
+    validate_parsed_serve_args(parse("--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                                     "--reasoning-parser", "qwen3"))
+
+
+def test_metrics_port_must_differ():
+    with pytest.raises(ValueError, match="--metrics-port"):
+        validate_parsed_serve_args(parse("--port", "8000", "--metrics-port", "8000"))

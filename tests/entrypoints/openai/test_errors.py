@@ -1,0 +1,117 @@
+"""Every bad input gets vLLM's error envelope and status (400/401/404, never 422/500); the server lives on."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from remote_server import MODEL_NAME
+
+pytestmark = pytest.mark.slow
+
+CHAT = "v1/chat/completions"
+CMPL = "v1/completions"
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+# (route, body, status, param or None, a fragment of the message)
+BAD_REQUESTS = [
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "max_tokens": "many"}, 400, "max_tokens", "integer"),
+    (CMPL, {"model": MODEL_NAME}, 400, "prompt", "prompt"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "temperature": -1}, 400, "temperature",
+     "temperature must be non-negative"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "top_p": 0}, 400, "top_p", "top_p must be in (0, 1]"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "top_k": -2}, 400, "top_k", "top_k must be 0"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "n": 2, "temperature": 0}, 400, "n", "greedy"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "presence_penalty": 3}, 400, "presence_penalty", "[-2, 2]"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "stop": [""]}, 400, "stop", "empty string"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "logprobs": 21}, 400, None, "greater than max allowed: 20"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "suffix": "y"}, 400, "suffix", "suffix"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options",
+     "stream=True"),
+    (CMPL, {"model": MODEL_NAME, "prompt": [999999]}, 400, None, "out of vocabulary"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "guided_choice": ["a"], "guided_regex": "b+"}, 400, None,
+     "one kind of structured outputs"),
+    (CMPL, {"model": MODEL_NAME, "prompt": "x", "priority": 3}, 400, "priority", "Priority scheduling"),
+    (CMPL, {"model": "no-such-model", "prompt": "x"}, 404, "model", "does not exist"),
+    (CHAT, {"model": MODEL_NAME}, 400, "messages", "messages"),
+    (CHAT, {"model": MODEL_NAME, "messages": "hello"}, 400, "messages", ""),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "top_logprobs": 2}, 400, "top_logprobs", "logprobs"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "logprobs": True, "top_logprobs": 50}, 400, None,
+     "greater than max allowed"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "response_format": {"type": "json_schema"}}, 400,
+     "response_format", "json_schema"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "guided_choice": ["a"], "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice", "not both"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "tool_choice": {"type": "function", "function": {"name": "g"}},
+            "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice", "has not been passed"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES,
+            "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tool_choice", "auto"),
+    (CHAT, {"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     400, None, "text only"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "continue_final_message": True}, 400,
+     "continue_final_message", "add_generation_prompt"),
+    (CHAT, {"model": "no-such-model", "messages": MESSAGES}, 404, "model", "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "status", "param", "fragment"), BAD_REQUESTS,
+                         ids=[f"{r.split('/')[-1]}-{i}" for i, (r, *_) in enumerate(BAD_REQUESTS)])
+def test_bad_request_envelope(server, route, body, status, param, fragment):
+    r = httpx.post(server.url_for(*route.split("/")), json=body, headers=server.headers, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status
+    assert error["type"] == ("NotFoundError" if status == 404 else "BadRequestError")
+    if param is not None:
+        assert error["param"] == param
+    assert fragment in error["message"]
+
+
+def test_malformed_json_is_400(server):
+    r = httpx.post(server.url_for("v1", "completions"), content=b"{not json", headers={
+        **server.headers, "Content-Type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["error"]["type"] == "BadRequestError"
+
+
+def test_prompt_longer_than_context(server):
+    body = {"model": MODEL_NAME, "prompt": [1] * 512, "max_tokens": 1}
+    r = httpx.post(server.url_for("v1", "completions"), json=body, headers=server.headers)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        "This model's maximum context length is 512 tokens. However, your request has 512 input tokens. "
+        "Please reduce the length of the input messages.")
+
+
+def test_max_tokens_is_clamped_to_the_context(client):
+    completion = client.completions.create(model=MODEL_NAME, prompt=[1] * 509, max_tokens=100000, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert completion.usage.completion_tokens == 3
+    assert completion.choices[0].finish_reason == "length"
+
+
+def test_api_key_required(server):
+    body = {"model": MODEL_NAME, "prompt": "x", "max_tokens": 1}
+    r = httpx.post(server.url_for("v1", "completions"), json=body)
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == 401
+    r = httpx.post(server.url_for("v1", "completions"), json=body, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url_for("v1"), api_key="wrong", max_retries=0).models.list()
+    # Routes outside /v1 stay open, as in vLLM.
+    assert httpx.get(server.url_for("health")).status_code == 200
+
+
+def test_sdk_raises_typed_errors(client):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="missing", prompt="x")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=-2)
+    assert info.value.body["param"] == "temperature"
+
+
+def test_server_still_answers(client):
+    completion = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=2)
+    assert completion.usage.completion_tokens == 2
