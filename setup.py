@@ -2,8 +2,11 @@
 
 import os
 import re
+import subprocess
+import sys
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -18,6 +21,38 @@ def read_requirements(name: str) -> list[str]:
             elif line:
                 out.append(line)
     return out
+
+
+def prebuild_kernels() -> None:
+    """Compile the C++ kernels (csrc/cpu) into FastDeploy's cache now rather than at first use.
+
+    Runs ``python -m fastdeploy._C`` in the target environment: pip builds in an isolated
+    environment without Paddle, so the child drops that isolation (PYTHONPATH and
+    PYTHONNOUSERSITE) to see the packages requirements/cpu.txt installed. Best effort: a
+    failure is reported and the install goes on; the first process that needs the kernels
+    retries, and falls back to plain Paddle ops if they still cannot be built.
+    """
+    if os.environ.get("FD_SKIP_KERNEL_BUILD") == "1":
+        return
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
+    env["PYTHONPATH"] = HERE
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "fastdeploy._C"], cwd=HERE, env=env, capture_output=True, text=True, check=False
+        )
+    except OSError as e:
+        print(f"FastDeploy: kernels not pre-built ({e}); they build on first use.", file=sys.stderr)
+        return
+    if proc.returncode != 0:
+        print(f"FastDeploy: kernels not pre-built; they build on first use.\n{proc.stderr[-2000:]}", file=sys.stderr)
+
+
+class BuildPyWithKernels(build_py):
+    """build_py (also run by editable installs) followed by the kernels' pre-build."""
+
+    def run(self) -> None:
+        super().run()
+        prebuild_kernels()
 
 
 with open(os.path.join(HERE, "fastdeploy", "version.py"), encoding="utf-8") as f:
@@ -36,4 +71,5 @@ setup(
     install_requires=read_requirements("cpu.txt"),
     extras_require={"test": read_requirements("test.txt")},
     entry_points={"console_scripts": ["fastdeploy=fastdeploy.entrypoints.cli.main:main"]},
+    cmdclass={"build_py": BuildPyWithKernels},
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from fastdeploy import envs
@@ -194,6 +194,64 @@ class LoadConfig:
             )
 
 
+# Backends vLLM accepts; only these are built into this FastDeploy.
+_STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
+_BUILT_STRUCTURED_OUTPUTS_BACKENDS = ("auto", "xgrammar")
+
+
+@dataclass
+class StructuredOutputsConfig:
+    """Engine-wide structured outputs settings (vLLM's ``--structured-outputs-config``).
+
+    ``backend`` "auto" resolves to xgrammar, the only backend built here.
+    ``reasoning_parser`` names a reasoning parser whose end-of-thinking marker
+    turns the grammar on, so a thinking model reasons freely and only its answer
+    is constrained (unless ``enable_in_reasoning``).
+    """
+
+    backend: str = "auto"
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    reasoning_parser: str = ""
+    enable_in_reasoning: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in _STRUCTURED_OUTPUTS_BACKENDS:
+            raise ValueError(
+                f"Unknown structured outputs backend {self.backend!r}; expected one of "
+                f"{', '.join(_STRUCTURED_OUTPUTS_BACKENDS)}."
+            )
+        if self.backend not in _BUILT_STRUCTURED_OUTPUTS_BACKENDS:
+            raise ValueError(
+                f"Structured outputs backend {self.backend!r} is not built into FastDeploy; "
+                "use 'xgrammar' (or 'auto')."
+            )
+        if self.reasoning_parser:
+            from fastdeploy.reasoning import ReasoningParserManager
+
+            try:
+                ReasoningParserManager.get_reasoning_parser(self.reasoning_parser)
+            except KeyError as e:
+                raise ValueError(str(e).strip("'\"")) from None
+
+    @classmethod
+    def from_value(cls, value: StructuredOutputsConfig | dict[str, Any] | None) -> StructuredOutputsConfig:
+        """The config from a dict (``--structured-outputs-config '{...}'``), or the defaults."""
+        if isinstance(value, cls):
+            return value
+        value = dict(value or {})
+        unknown = set(value) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"Unknown structured outputs config key(s): {', '.join(sorted(unknown))}.")
+        return cls(**value)
+
+    @property
+    def resolved_backend(self) -> str:
+        """The backend actually used ("auto" -> "xgrammar")."""
+        return "xgrammar" if self.backend == "auto" else self.backend
+
+
 @dataclass
 class FDConfig:
     """Everything the engine needs, resolved and validated once."""
@@ -205,10 +263,13 @@ class FDConfig:
     load_config: LoadConfig = field(default_factory=LoadConfig)
     speculative_config: dict[str, Any] | None = None
     kv_transfer_config: dict[str, Any] | None = None
-    structured_outputs_config: dict[str, Any] | None = None
+    # A dict (from the command line) is turned into a StructuredOutputsConfig.
+    structured_outputs_config: StructuredOutputsConfig | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         from fastdeploy.platforms import current_platform
+
+        self.structured_outputs_config = StructuredOutputsConfig.from_value(self.structured_outputs_config)
 
         self.scheduler_config.finalize(self.model_config.max_model_len)
         current_platform.check_and_update_config(self)

@@ -5,7 +5,8 @@ FD_CPU_KVCACHE_SPACE    KV cache size in GiB on CPU (default 4); VLLM_CPU_KVCACH
 FD_LOGGING_LEVEL        log level of the fastdeploy logger (default INFO); VLLM_LOGGING_LEVEL too.
 FD_API_KEY              API key of the server; VLLM_API_KEY too.
 FD_DEFAULT_MODEL        path of the model used when none is given (default: the embedded SmolLM2).
-FD_CACHE_ROOT           where converted artefacts are cached (default ~/.cache/fastdeploy).
+FD_CACHE_ROOT           where converted artefacts and the built C++ kernels are cached (default ~/.cache/fastdeploy).
+FD_CPU_KERNELS          "0" turns the C++ kernels (csrc/cpu) off: plain Paddle ops, float32 only (default "1").
 """
 
 from __future__ import annotations
@@ -50,3 +51,7 @@ def default_model() -> str | None:
 
 def cache_root() -> str:
     return _first("FD_CACHE_ROOT", default=os.path.join(os.path.expanduser("~"), ".cache", "fastdeploy"))
+
+
+def cpu_kernels_enabled() -> bool:
+    return _first("FD_CPU_KERNELS", default="1") not in ("0", "false", "False", "off")

@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.request import EngineCoreOutputs, EngineCoreRequest, Request, RequestStatus
 from fastdeploy.engine.sched.scheduler import Scheduler
 from fastdeploy.logger import init_logger
+from fastdeploy.model_executor.guided_decoding.manager import StructuredOutputManager
 from fastdeploy.worker.worker import Worker
 
 logger = init_logger(__name__)
 
+# Longest sleep of an idle step whose only requests wait for their grammars.
+_GRAMMAR_WAIT_S = 0.05
+
 
 class EngineCore:
-    """Owns the scheduler and the worker; ``step()`` runs one batch."""
+    """Owns the scheduler and the worker; ``step()`` runs one batch.
 
-    def __init__(self, fd_config: FDConfig) -> None:
+    Args:
+        fd_config: the engine configuration.
+        tokenizer: the model's tokenizer when the caller has it loaded already (structured
+            outputs need one; otherwise it is loaded when the first constrained request comes).
+    """
+
+    def __init__(self, fd_config: FDConfig, tokenizer: Any = None) -> None:
         self.fd_config = fd_config
         start = time.perf_counter()
         self.worker = Worker(fd_config)
@@ -36,7 +47,10 @@ class EngineCore:
                 f"memory, the estimated maximum model length is {num_blocks * cache.block_size}. Try increasing "
                 "--kv-cache-memory-bytes (or FD_CPU_KVCACHE_SPACE) or decreasing `max_model_len`."
             )
-        self.scheduler = Scheduler(fd_config.scheduler_config, cache, mc.max_model_len)
+        self.structured_output_manager = StructuredOutputManager(fd_config, tokenizer)
+        self.scheduler = Scheduler(
+            fd_config.scheduler_config, cache, mc.max_model_len, structured_output_manager=self.structured_output_manager
+        )
         logger.info(
             "Engine ready in %.1f s: %d KV blocks of %d tokens (%.2f GiB), max_model_len=%d, max_num_seqs=%d, "
             "max_num_batched_tokens=%d.",
@@ -63,6 +77,11 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
         scheduler_output = self.scheduler.schedule()
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            # Nothing runnable: sleep until a grammar compiles rather than spin on the loop.
+            waiting = self.scheduler.requests_waiting_for_grammar()
+            if waiting:
+                self.structured_output_manager.wait_for_any(waiting, timeout=_GRAMMAR_WAIT_S)
         runner_output = self.worker.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 

@@ -37,9 +37,9 @@ class LLMEngine:
     def __init__(self, fd_config: FDConfig) -> None:
         self.fd_config = fd_config
         self.tokenizer = load_tokenizer(fd_config)
-        self.processor = Processor(fd_config.model_config, self.tokenizer)
+        self.processor = Processor(fd_config.model_config, self.tokenizer, fd_config.structured_outputs_config)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.engine_core = EngineCore(fd_config)
+        self.engine_core = EngineCore(fd_config, tokenizer=self.tokenizer)
         self.last_stats: SchedulerStats | None = None
 
     @classmethod

@@ -6,7 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from fastdeploy.config import ModelConfig
+from fastdeploy.config import ModelConfig, StructuredOutputsConfig
 from fastdeploy.engine.request import EngineCoreRequest
 from fastdeploy.inputs import PromptType
 from fastdeploy.sampling_params import SamplingParams
@@ -15,9 +15,12 @@ from fastdeploy.sampling_params import SamplingParams
 class Processor:
     """Tokenizes prompts and validates requests before they reach the engine core."""
 
-    def __init__(self, model_config: ModelConfig, tokenizer) -> None:
+    def __init__(
+        self, model_config: ModelConfig, tokenizer, structured_outputs_config: StructuredOutputsConfig | None = None
+    ) -> None:
         self.model_config = model_config
         self.tokenizer = tokenizer
+        self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.generation_config = model_config.get_generation_config()
         eos = tokenizer.eos_token_id if tokenizer is not None else model_config.hf_config.eos_token_id
         # Configs may list several EOS ids; the first is the model's own, the rest arrive via generation_config.
@@ -99,12 +102,22 @@ class Processor:
                     f"Requested {name} logprobs of {value}, which is greater than max allowed: {max_logprobs}"
                 )
         params = params.clone()
+        if params.structured_outputs is not None:
+            self._validate_structured_outputs(params)
         params.update_from_generation_config(self.generation_config, self.eos_token_id)
         if self.tokenizer is not None:
             params.update_from_tokenizer(self.tokenizer, self.model_config.vocab_size)
         else:
             params.verify_token_ids(self.model_config.vocab_size)
         return params
+
+    def _validate_structured_outputs(self, params: SamplingParams) -> None:
+        """Reject a constraint the backend cannot enforce here, so the engine only ever sees valid ones."""
+        if self.tokenizer is None:
+            raise ValueError("Structured outputs requires a tokenizer so it can't be used with 'skip_tokenizer_init'")
+        from fastdeploy.model_executor.guided_decoding import validate_structured_outputs
+
+        validate_structured_outputs(params.structured_outputs, self.structured_outputs_config)
 
     def default_sampling_params(self) -> dict[str, Any]:
         """Sampling defaults from generation_config.json, in SamplingParams' names (vLLM's behaviour)."""

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from fastdeploy.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from fastdeploy.model_executor.guided_decoding.request import StructuredOutputRequest
 
 
 class FinishReason(enum.IntEnum):
@@ -84,11 +88,13 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
 
 class RequestStatus(enum.IntEnum):
     WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
-    FINISHED_STOPPED = 3
-    FINISHED_LENGTH_CAPPED = 4
-    FINISHED_ABORTED = 5
+    # Waiting for its structured-output grammar to compile; not schedulable yet.
+    WAITING_FOR_FSM = 1
+    RUNNING = 2
+    PREEMPTED = 3
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH_CAPPED = 5
+    FINISHED_ABORTED = 6
 
     def is_finished(self) -> bool:
         return self >= RequestStatus.FINISHED_STOPPED
@@ -126,6 +132,12 @@ class Request:
         left = max_model_len - self.num_prompt_tokens
         self.max_tokens = left if sp.max_tokens is None else min(sp.max_tokens, left)
         self.stop_token_ids = frozenset(sp.stop_token_ids or ())
+        # Set by the StructuredOutputManager when the request carries a constraint.
+        self.structured_output_request: StructuredOutputRequest | None = None
+
+    @property
+    def use_structured_output(self) -> bool:
+        return self.structured_output_request is not None
 
     @property
     def num_tokens(self) -> int:

@@ -8,10 +8,11 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from fastdeploy.beam_search import BeamSearch
 from fastdeploy.engine.arg_utils import EngineArgs
 from fastdeploy.engine.llm_engine import LLMEngine
 from fastdeploy.inputs import PromptType, TokensPrompt
-from fastdeploy.outputs import RequestOutput
+from fastdeploy.outputs import BeamSearchOutput, RequestOutput
 from fastdeploy.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 ChatMessage = Mapping[str, Any]
@@ -128,8 +129,48 @@ class LLM:
             prompts.append(TokensPrompt(prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False)))
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def beam_search(self, prompts: Sequence[PromptType], params: BeamSearchParams) -> list[Any]:
-        raise NotImplementedError("LLM.beam_search is not built in this FastDeploy version yet.")
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        *,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """Beam search per prompt (vLLM's ``LLM.beam_search``).
+
+        Each step generates one token for every live beam with ``2 * beam_width``
+        logprobs and keeps the ``beam_width`` best continuations by
+        length-normalised score; prefix caching makes re-reading the beams cheap.
+
+        Args:
+            prompts: prompts in any form ``generate`` takes.
+            params: beam width, ``max_tokens``, ``ignore_eos``, temperature, ``length_penalty``.
+            use_tqdm: show a progress bar over the search steps.
+            concurrency_limit: search at most this many prompts at a time (all by default).
+
+        Returns:
+            One :class:`BeamSearchOutput` per prompt; its sequences, best first, hold
+            the prompt plus generated tokens (``tokens``) and their decoded ``text``.
+        """
+        prompt_list = self._as_prompt_list(prompts)
+        engine = self.llm_engine
+        tokenized = [engine.processor.tokenize_prompt(p)[::-1] for p in prompt_list]
+        chunk = concurrency_limit or len(tokenized)
+        if chunk < 1:
+            raise ValueError(f"concurrency_limit must be at least 1, got {concurrency_limit}.")
+        results: list[BeamSearchOutput] = []
+        for start in range(0, len(tokenized), chunk):
+            search = BeamSearch(params, engine.processor.eos_token_id, tokenized[start : start + chunk])
+            step_params = search.step_sampling_params
+            steps = tqdm(total=params.max_tokens, desc="Beam search", dynamic_ncols=True, disable=not use_tqdm)
+            with steps:
+                while beams := search.live_beams():
+                    prompts_step: list[PromptType] = [TokensPrompt(prompt_token_ids=b.tokens) for b in beams]
+                    search.advance(self._run(prompts_step, [step_params] * len(beams), False, None))
+                    steps.update(1)
+            results.extend(search.outputs(self.get_tokenizer()))
+        return results
 
     # ---- internals --------------------------------------------------------------------
     @staticmethod

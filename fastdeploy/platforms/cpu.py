@@ -24,13 +24,38 @@ class CpuPlatform(Platform):
         return True
 
     def resolve_dtype(self, dtype: str) -> str:
-        # Eager Paddle has no bf16/fp16 matmul on CPU; the csrc kernels bring bf16.
-        if dtype in ("auto", "float32"):
+        """Resolve "auto" to bfloat16 where the CPU has AMX-BF16 or AVX512-BF16 and the kernels are built, else float32.
+
+        Eager Paddle has no bf16 matmul on CPU: bf16 comes from the oneDNN kernel in csrc/cpu.
+        """
+        if dtype == "float32":
             return "float32"
+        if dtype in ("auto", "bfloat16"):
+            missing = self.bf16_unavailable_reason()
+            if missing is None:
+                return "bfloat16"
+            if dtype == "auto":
+                return "float32"
+            raise ValueError(f"dtype='bfloat16' is not available on this CPU build: {missing}. Use --dtype float32.")
         raise ValueError(
-            f"dtype={dtype!r} is not supported on CPU in this build (Paddle has no {dtype} matmul "
-            "kernel on CPU); use --dtype float32 or auto."
+            f"dtype={dtype!r} is not supported on CPU (no {dtype} kernels); use --dtype auto, bfloat16 or float32."
         )
+
+    def bf16_unavailable_reason(self) -> str | None:
+        """Why bf16 cannot run here, or None when it can (checks the CPU, then builds/finds the kernels)."""
+        from fastdeploy import _C
+
+        if not _C.cpu_has_bf16():
+            return "the CPU has neither AMX-BF16 nor AVX512-BF16"
+        so = _C.ensure_built()
+        if so is None:
+            return f"the C++ kernels are not built ({_C.failure_reason()})"
+        missing = _C.manifest().get("onednn_missing")
+        return f"the oneDNN linear kernel is missing ({missing})" if missing else None
+
+    def param_dtype(self, dtype: str) -> str:
+        # Activations, norms and embeddings stay fp32; bf16 lives in the packed matmul weights and the KV cache.
+        return "float32"
 
     def get_attn_backend_cls(self) -> str:
         return "fastdeploy.model_executor.layers.attention.paged_attention.PagedAttention"

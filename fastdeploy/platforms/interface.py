@@ -45,6 +45,10 @@ class Platform:
         """Map the requested dtype ("auto" included) to the compute dtype this platform runs."""
         raise NotImplementedError
 
+    def param_dtype(self, dtype: str) -> str:
+        """Dtype model parameters and activations are created in for the compute dtype ``dtype``."""
+        return dtype
+
     def get_attn_backend_cls(self) -> str:
         """Dotted path of the attention backend class."""
         raise NotImplementedError

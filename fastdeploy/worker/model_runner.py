@@ -15,7 +15,7 @@ from fastdeploy.config import FDConfig
 from fastdeploy.engine.request import LogprobsLists
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.logger import init_logger
-from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata, PrefillSeqMetadata
+from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 from fastdeploy.model_executor.layers.sampler import (
     LogprobsArrays,
     Sampler,
@@ -30,6 +30,7 @@ from fastdeploy.worker.model_runner_output import EMPTY_MODEL_RUNNER_OUTPUT, Mod
 logger = init_logger(__name__)
 
 _SAMPLING_EPS = 1e-5
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _to_lists(arrays: LogprobsArrays) -> LogprobsLists:
@@ -61,9 +62,14 @@ class ModelRunner:
         self.model = get_model(self.model_config, self.fd_config.load_config)
         self.model.eval()
 
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The model's choice (bf16 for a bf16 model on the C++ kernels), float32 before loading."""
+        return getattr(self.model, "kv_cache_dtype", None) or "float32"
+
     def kv_cache_bytes_per_block(self) -> int:
         mc = self.model_config
-        itemsize = np.dtype(mc.dtype).itemsize
+        itemsize = _DTYPE_BYTES[self.kv_cache_dtype]
         return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * itemsize
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -74,8 +80,9 @@ class ModelRunner:
         """
         mc = self.model_config
         shape = [num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim]
+        dtype = self.kv_cache_dtype
         self.kv_caches = [
-            (paddle.empty(shape, dtype=mc.dtype), paddle.empty(shape, dtype=mc.dtype)) for _ in range(mc.num_layers)
+            (paddle.empty(shape, dtype=dtype), paddle.empty(shape, dtype=dtype)) for _ in range(mc.num_layers)
         ]
 
     # ---- batch state -------------------------------------------------------------------
@@ -126,31 +133,11 @@ class ModelRunner:
         computed = batch.num_computed_tokens[rows]
         cu_end = np.cumsum(n)
         starts = cu_end - n
-        num_tokens = int(cu_end[-1])
-        token_req = np.repeat(np.arange(len(rows)), n)
-        positions = np.repeat(computed - starts, n) + np.arange(num_tokens)
-        token_rows = rows[token_req]
-        input_ids = batch.token_ids[token_rows, positions]
-        slot_mapping = batch.block_table[token_rows, positions // bs] * bs + positions % bs
-
-        num_decodes = int((n == 1).sum()) if n[0] == 1 else 0
-        meta = AttentionMetadata(
-            num_tokens=num_tokens, slot_mapping=paddle.to_tensor(slot_mapping), num_decodes=num_decodes
-        )
-        if num_decodes:
-            d_rows = rows[:num_decodes]
-            ctx = computed[:num_decodes] + 1
-            grid = np.arange(int(ctx.max()))
-            gpos = np.minimum(grid[None, :], (ctx - 1)[:, None])
-            d_slots = batch.block_table[d_rows[:, None], gpos // bs] * bs + gpos % bs
-            mask = np.where(grid[None, :] < ctx[:, None], 0.0, -np.inf).astype(np.float32)
-            meta.decode_slots = paddle.to_tensor(d_slots)
-            meta.decode_mask = paddle.to_tensor(mask.reshape(num_decodes, 1, 1, -1))
-        for i in range(num_decodes, len(rows)):
-            ctx_len = int(computed[i] + n[i])
-            p = np.arange(ctx_len)
-            ctx_slots = batch.block_table[rows[i], p // bs] * bs + p % bs
-            meta.prefills.append(PrefillSeqMetadata(int(starts[i]), int(n[i]), ctx_len, paddle.to_tensor(ctx_slots)))
+        seq_lens = computed + n
+        # Only the block-table columns this step reaches travel to the kernels.
+        block_tables = batch.block_table[rows, : -(-int(seq_lens.max()) // bs)]
+        meta, positions = build_attention_metadata(block_tables, n, seq_lens, bs)
+        input_ids = batch.token_ids[np.repeat(rows, n), positions]
 
         hidden = self.model(paddle.to_tensor(input_ids), paddle.to_tensor(positions), self.kv_caches, meta)
 
@@ -163,17 +150,21 @@ class ModelRunner:
         s_idx = np.nonzero(sample_mask)[0]
         s_req_ids = [req_ids[i] for i in s_idx]
         s_rows = rows[s_idx]
-        logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(cu_end[s_idx] - 1))).numpy()
+        last_rows = cu_end[s_idx] - 1
+        # A decode-only step samples every row in order: no gather needed.
+        if len(last_rows) != len(hidden) or last_rows[-1] != len(last_rows) - 1:
+            hidden = paddle.gather(hidden, paddle.to_tensor(last_rows))
+        logits = self.model.compute_logits(hidden).numpy()
         md = self._sampling_metadata(s_req_ids, s_rows)
+        # Structured outputs: the scheduler's grammar bitmask, reordered to this step's sampled rows.
+        md.grammar_bitmask, md.grammar_rows = so.grammar_rows(s_req_ids)
         result = self.sampler(logits, md)
         sampled = result.sampled_token_ids
-        for j, req_id in enumerate(s_req_ids):
-            row = s_rows[j]
-            tok = int(sampled[j])
-            pos = batch.num_tokens[row]
-            if pos < self.max_model_len:
-                batch.token_ids[row, pos] = tok
-            batch.num_tokens[row] = pos + 1
+        pos = batch.num_tokens[s_rows]
+        fits = pos < self.max_model_len
+        batch.token_ids[s_rows[fits], pos[fits]] = sampled[fits]
+        batch.num_tokens[s_rows] = pos + 1
+        for req_id, tok in zip(s_req_ids, sampled.tolist(), strict=True):
             self.requests[req_id].output_token_ids.append(tok)
             out.sampled_token_ids[req_id] = [tok]
         if result.logprobs is not None:

@@ -70,8 +70,9 @@ def test_prefix_caching_hits_and_matches_uncached(smol_llm):
 def test_preemption_keeps_outputs(smol_llm):
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     expected = token_ids(smol_llm.generate(PROMPTS[:8], params, use_tqdm=False))
-    # 8 requests of up to ~70 tokens need ~40 blocks of 16; give the cache 12.
-    small = LLM(max_model_len=128, block_size=16, kv_cache_memory_bytes=12 * 16 * 46080, enable_prefix_caching=False)
+    # 8 requests of up to ~70 tokens need ~40 blocks of 16; give the cache 12 (of the fixture's dtype).
+    per_block = smol_llm.llm_engine.engine_core.worker.model_runner.kv_cache_bytes_per_block()
+    small = LLM(max_model_len=128, block_size=16, kv_cache_memory_bytes=12 * per_block, enable_prefix_caching=False)
     engine = small.llm_engine.engine_core
     assert engine.fd_config.cache_config.num_blocks == 12
     assert token_ids(small.generate(PROMPTS[:8], params, use_tqdm=False)) == expected

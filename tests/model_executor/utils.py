@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 import paddle
 
-from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata, PrefillSeqMetadata
+from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 
 TINY_VOCAB = 1000
 ARCHITECTURES = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Ernie4_5ForCausalLM"]
+# Architectures with no native implementation, served through the PaddleFormers backend.
+PADDLEFORMERS_ONLY_ARCHITECTURES = ["Phi3ForCausalLM"]
 
 _COMMON = dict(
     vocab_size=TINY_VOCAB,
@@ -40,6 +42,8 @@ _ARCH_OPTIONS: dict[str, dict[str, Any]] = {
     "Qwen2ForCausalLM": dict(tie_word_embeddings=False),
     "Qwen3ForCausalLM": dict(tie_word_embeddings=True, head_dim=32),
     "Ernie4_5ForCausalLM": dict(tie_word_embeddings=True, use_bias=True, head_dim=16),
+    # Sliding window shorter than the test sequences, partial rotary: both must be honoured.
+    "Phi3ForCausalLM": dict(tie_word_embeddings=False, sliding_window=12, partial_rotary_factor=0.5),
 }
 
 
@@ -52,6 +56,7 @@ def tiny_hf_config(arch: str, **overrides: Any):
         "Qwen2ForCausalLM": transformers.Qwen2Config,
         "Qwen3ForCausalLM": transformers.Qwen3Config,
         "Ernie4_5ForCausalLM": transformers.Ernie4_5Config,
+        "Phi3ForCausalLM": transformers.Phi3Config,
     }[arch]
     kwargs = {**_COMMON, **_ARCH_OPTIONS[arch], **overrides}
     config = config_cls(**kwargs)
@@ -87,13 +92,28 @@ def load_hf_model(path: str):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
-def load_our_model(path: str, gguf_file: str | None = None, load_format: str = "auto"):
-    """Our model of a checkpoint folder (or GGUF file in it) through ModelConfig + get_model."""
+def load_our_model(path: str, gguf_file: str | None = None, load_format: str = "auto", dtype: str = "float32"):
+    """Our model of a checkpoint folder (or GGUF file in it) through ModelConfig + get_model.
+
+    float32 by default: the comparisons against transformers' fp32 forward need it ("auto"
+    picks bfloat16 on CPUs with bf16 units).
+    """
     from fastdeploy.config import LoadConfig, ModelConfig
     from fastdeploy.model_executor.model_loader import get_model
 
-    model_config = ModelConfig(model=os.path.join(path, gguf_file) if gguf_file else path)
+    model_config = ModelConfig(model=os.path.join(path, gguf_file) if gguf_file else path, dtype=dtype)
     return get_model(model_config, LoadConfig(load_format=load_format))
+
+
+def named_weights(model) -> dict[str, np.ndarray]:
+    """Every parameter of ``model`` as numpy, with packed matmul weights unpacked under their ``.weight`` names."""
+    from fastdeploy.model_executor.layers.linear import PackedWeightMixin
+
+    weights = {name: p.numpy() for name, p in model.named_parameters()}
+    for name, layer in model.named_sublayers():
+        if isinstance(layer, PackedWeightMixin) and layer.is_packed:
+            weights[f"{name}.weight"] = layer.dense_weight().numpy()
+    return weights
 
 
 def hf_greedy(hf_model, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -141,8 +161,9 @@ class PagedRunner:
         self.model = model
         self.block_size = block_size
         shape = [num_blocks, block_size, model.num_kv_heads, model.head_dim]
+        dtype = getattr(model, "kv_cache_dtype", "float32")
         # Zero-filled so that masked padding slots hold finite values.
-        self.kv_caches = [(paddle.zeros(shape), paddle.zeros(shape)) for _ in range(model.num_layers)]
+        self.kv_caches = [(paddle.zeros(shape, dtype), paddle.zeros(shape, dtype)) for _ in range(model.num_layers)]
         self.free_blocks = [int(b) for b in np.random.default_rng(seed).permutation(num_blocks)]
         self.seqs: dict[Any, _Seq] = {}
 
@@ -162,49 +183,29 @@ class PagedRunner:
         Chunks of one token are decodes and must come first; the rest are (chunked) prefills.
         """
         seen_prefill = False
-        input_ids, positions, slot_mapping = [], [], []
-        decode_slots, decode_lens, prefills = [], [], []
-        last_rows = []
+        tables, query_lens, seq_lens, input_ids, last_rows = [], [], [], [], []
         for seq_id, n in schedule:
             seq = self.seqs[seq_id]
             start, end = seq.num_computed, seq.num_computed + n
             assert end <= len(seq.tokens), "scheduled past the known tokens"
+            assert n > 1 or not seen_prefill, "decodes must come before prefills"
+            seen_prefill = seen_prefill or n > 1
             while len(seq.blocks) * self.block_size < end:
                 seq.blocks.append(self.free_blocks.pop())
-            pos = np.arange(start, end)
-            row = len(input_ids)
+            tables.append(seq.blocks)
+            query_lens.append(n)
+            seq_lens.append(end)
             input_ids += seq.tokens[start:end]
-            positions += pos.tolist()
-            slot_mapping += self._slots(seq, pos).tolist()
-            if n == 1:
-                assert not seen_prefill, "decodes must come before prefills"
-                decode_slots.append(self._slots(seq, np.arange(end)))
-                decode_lens.append(end)
-            else:
-                seen_prefill = True
-                ctx_slots = paddle.to_tensor(self._slots(seq, np.arange(end)))
-                prefills.append(PrefillSeqMetadata(row, n, end, ctx_slots))
-            last_rows.append(row + n - 1)
+            last_rows.append(len(input_ids) - 1)
             seq.num_computed = end
-        md = AttentionMetadata(
-            num_tokens=len(input_ids),
-            slot_mapping=paddle.to_tensor(np.asarray(slot_mapping, dtype=np.int64)),
-            num_decodes=len(decode_slots),
-            prefills=prefills,
-        )
-        if decode_slots:
-            width = max(decode_lens)
-            slots = np.zeros((len(decode_slots), width), dtype=np.int64)  # padding -> slot 0, masked
-            mask = np.full((len(decode_slots), 1, 1, width), -np.inf, dtype=np.float32)
-            for i, s in enumerate(decode_slots):
-                slots[i, : len(s)] = s
-                mask[i, ..., : len(s)] = 0.0
-            md.decode_slots = paddle.to_tensor(slots)
-            md.decode_mask = paddle.to_tensor(mask)
+        block_tables = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int64)
+        for i, t in enumerate(tables):
+            block_tables[i, : len(t)] = t
+        md, positions = build_attention_metadata(block_tables, np.array(query_lens), np.array(seq_lens), self.block_size)
         with paddle.no_grad():
             hidden = self.model(
                 paddle.to_tensor(np.asarray(input_ids, dtype=np.int64)),
-                paddle.to_tensor(np.asarray(positions, dtype=np.int64)),
+                paddle.to_tensor(positions),
                 self.kv_caches,
                 md,
             )

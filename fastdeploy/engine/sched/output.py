@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fastdeploy.sampling_params import SamplingParams
 
 
@@ -40,3 +42,25 @@ class SchedulerOutput:
     # Requests the runner must drop (finished, aborted or preempted) before this step.
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # Structured outputs: allowed-token bitmask [k, ceil(vocab / 32)] int32 of the constrained
+    # requests sampled this step, and each one's row in it.
+    grammar_bitmask: np.ndarray | None = None
+    structured_output_request_ids: dict[str, int] = field(default_factory=dict)
+
+    def grammar_rows(self, sampled_req_ids: list[str]) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The bitmask rows of the constrained requests among ``sampled_req_ids`` and their positions there.
+
+        Returns ``(bitmask [m, words], positions [m])`` so that ``bitmask[i]`` applies to sampled row
+        ``positions[i]``; ``(None, None)`` when none of them is constrained.
+        """
+        if self.grammar_bitmask is None:
+            return None, None
+        pairs = [
+            (self.structured_output_request_ids[r], j)
+            for j, r in enumerate(sampled_req_ids)
+            if r in self.structured_output_request_ids
+        ]
+        if not pairs:
+            return None, None
+        mask_rows, positions = zip(*pairs, strict=True)
+        return self.grammar_bitmask[list(mask_rows)], np.asarray(positions, dtype=np.int64)

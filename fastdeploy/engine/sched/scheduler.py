@@ -10,26 +10,41 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from fastdeploy.config import CacheConfig, SchedulerConfig
 from fastdeploy.engine.kv_cache.kv_cache_manager import KVCacheManager
 from fastdeploy.engine.request import (
     EngineCoreOutput,
     EngineCoreOutputs,
+    FinishReason,
     LogprobsLists,
     Request,
     RequestStatus,
     SchedulerStats,
 )
 from fastdeploy.engine.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from fastdeploy.logger import init_logger
 from fastdeploy.worker.model_runner_output import ModelRunnerOutput
+
+if TYPE_CHECKING:
+    from fastdeploy.model_executor.guided_decoding.manager import StructuredOutputManager
+
+logger = init_logger(__name__)
 
 
 class Scheduler:
     """vLLM-style scheduler with chunked prefill, prefix caching and preemption by recompute."""
 
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, max_model_len: int) -> None:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        max_model_len: int,
+        structured_output_manager: StructuredOutputManager | None = None,
+    ) -> None:
         self.config = scheduler_config
+        self.structured_output_manager = structured_output_manager
         self.max_model_len = max_model_len
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
@@ -43,9 +58,17 @@ class Scheduler:
         # Requests the runner still holds state for but must drop at the next step.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        # Outputs of requests that ended without running (a grammar that failed to compile).
+        self._orphan_outputs: list[EngineCoreOutput] = []
 
     # ---- request lifecycle -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        if request.sampling_params.structured_outputs is not None:
+            if self.structured_output_manager is None:
+                raise ValueError("Structured outputs need the scheduler's StructuredOutputManager.")
+            # Compiles off the loop; the request is not scheduled before its grammar is ready.
+            self.structured_output_manager.grammar_init(request)
+            request.status = RequestStatus.WAITING_FOR_FSM
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -111,8 +134,15 @@ class Scheduler:
             i += 1
 
         # Admit waiting requests only when nothing had to be preempted this step.
+        # Requests whose grammar still compiles are stepped over and keep their place.
+        not_ready: list[Request] = []
         while self.waiting and budget > 0 and not preempted and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.status == RequestStatus.WAITING_FOR_FSM and not self._grammar_ready(request):
+                self.waiting.popleft()
+                if not request.is_finished():
+                    not_ready.append(request)
+                continue
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_computed
             if not self.enable_chunked_prefill and num_new > budget:
@@ -142,12 +172,14 @@ class Scheduler:
                 )
             )
 
+        self.waiting.extendleft(reversed(not_ready))
+
         # A request preempted after being scheduled earlier in this step must not run.
         for req_id in preempted:
             num_scheduled.pop(req_id, None)
         cached_reqs = [c for c in cached_reqs if c.req_id not in preempted]
         finished, self.finished_req_ids = self.finished_req_ids, set()
-        return SchedulerOutput(
+        output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,
             num_scheduled_tokens=num_scheduled,
@@ -155,6 +187,41 @@ class Scheduler:
             finished_req_ids=finished,
             preempted_req_ids=preempted,
         )
+        if self.structured_output_manager is not None:
+            # Only requests whose chunk reaches their last token sample (and need a mask) this step.
+            sampling = [
+                request
+                for req_id, n in num_scheduled.items()
+                if (request := self.requests[req_id]).use_structured_output
+                and request.num_computed_tokens + n >= request.num_tokens
+            ]
+            if sampling:
+                output.grammar_bitmask, output.structured_output_request_ids = (
+                    self.structured_output_manager.grammar_bitmask(sampling)
+                )
+        return output
+
+    def _grammar_ready(self, request: Request) -> bool:
+        """Whether a WAITING_FOR_FSM request can be admitted; a failed grammar finishes it (abort).
+
+        The caller takes the request out of the waiting queue when this returns False.
+        """
+        so_request = request.structured_output_request
+        assert so_request is not None
+        if not so_request.is_ready:
+            return False
+        if so_request.error is not None:
+            logger.error("Grammar of request %s failed to compile: %s", request.request_id, so_request.error)
+            request.status = RequestStatus.FINISHED_ABORTED
+            self._free_request(request)
+            self._orphan_outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT))
+            return False
+        request.status = RequestStatus.WAITING
+        return True
+
+    def requests_waiting_for_grammar(self) -> list[Request]:
+        """Waiting requests whose grammar is still compiling."""
+        return [r for r in self.waiting if r.status == RequestStatus.WAITING_FOR_FSM]
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
@@ -169,7 +236,7 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> EngineCoreOutputs:
         """Advance each scheduled request, check stop conditions, and build the step's outputs."""
-        outputs: list[EngineCoreOutput] = []
+        outputs, self._orphan_outputs = self._orphan_outputs, []
         sampled = runner_output.sampled_token_ids
         for req_id, num_tokens in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(req_id)
@@ -183,7 +250,18 @@ class Scheduler:
                     outputs.append(EngineCoreOutput(req_id, [], new_prompt_logprobs=prompt_lp))
                 continue
             request.append_output_token_ids(new_token_ids)
-            self._check_stop(request)
+            so_manager = self.structured_output_manager
+            if request.use_structured_output and so_manager is not None and so_manager.should_advance(request):
+                grammar = request.structured_output_request.grammar
+                grammar.accept_tokens(req_id, new_token_ids)
+                self._check_stop(request)
+                if not request.is_finished() and grammar.is_terminated():
+                    # The grammar is complete (it accepted its own stop token): the answer is done.
+                    request.status = RequestStatus.FINISHED_STOPPED
+                    last = request.all_token_ids[-1]
+                    request.stop_reason = None if last == request.eos_token_id else last
+            else:
+                self._check_stop(request)
             logprobs: LogprobsLists | None = runner_output.logprobs.get(req_id)
             outputs.append(
                 EngineCoreOutput(

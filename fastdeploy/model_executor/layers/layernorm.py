@@ -1,11 +1,18 @@
-"""RMSNorm with an optional fused residual add, as in vLLM."""
+"""RMSNorm with an optional fused residual add, as in vLLM.
+
+With the C++ kernels (``csrc/cpu/layernorm.cc``) the residual form works in place like
+vLLM's ``fused_add_rms_norm``: ``forward(x, residual)`` overwrites ``residual`` with
+``x + residual`` and ``x`` with the normalized sum, and returns those two tensors.
+Callers must not reuse ``x`` or ``residual`` afterwards, only the returned tensors.
+"""
 
 from __future__ import annotations
 
 import paddle
 from paddle import nn
 
-from fastdeploy.model_executor.utils import new_parameter
+from fastdeploy import _custom_ops as ops
+from fastdeploy.model_executor.utils import new_parameter, param_dtype
 
 try:
     from paddle.incubate.nn.functional import fused_rms_norm as _fused_rms_norm
@@ -58,9 +65,22 @@ class RMSNorm(nn.Layer):
         self.variance_epsilon = eps
         self.weight = new_parameter([hidden_size], dtype, fill=1.0)
 
+    # (weight, eps) once the kernel is known to apply, False when it does not, None before the first call:
+    # a plain attribute, because Paddle resolves parameters through Layer.__getattr__ (~1 us each).
+    _kernel_args: tuple | bool | None = None
+
     def forward(
         self, x: paddle.Tensor, residual: paddle.Tensor | None = None
     ) -> paddle.Tensor | tuple[paddle.Tensor, paddle.Tensor]:
+        args = self._kernel_args
+        if args is None:
+            use = ops.has("fd_rms_norm") and param_dtype(self.weight) == "float32"
+            args = (self.weight, self.variance_epsilon) if use else False
+            object.__setattr__(self, "_kernel_args", args)
+        if args and x.dtype == paddle.float32:
+            if residual is None:
+                return ops.rms_norm(x, *args)
+            return ops.fused_add_rms_norm(x, residual, *args)
         out, new_residual = rms_norm(x, self.weight, self.variance_epsilon, residual)
         return out if residual is None else (out, new_residual)
 

@@ -3,6 +3,12 @@
 Tensor parallelism is not implemented yet (tp size 1): the Column/Row variants differ
 only in how a checkpoint is loaded into them. Checkpoint weights arrive in Hugging
 Face's ``[out, in]`` layout and are transposed once at load time.
+
+After loading, :meth:`PackedWeightMixin.process_weights_after_loading` converts each
+weight once into the blocked layout of the oneDNN matmul kernel (``csrc/cpu/linear.cc``),
+in bf16 or fp32, and drops the fp32 parameter; the forward then runs that kernel (AMX /
+AVX512-BF16 for bf16, fp32 accumulation either way). Without the kernel the weight
+stays and the forward is ``paddle.matmul``.
 """
 
 from __future__ import annotations
@@ -11,10 +17,63 @@ import numpy as np
 import paddle
 from paddle import nn
 
-from fastdeploy.model_executor.utils import load_into, load_into_slice, new_parameter
+from fastdeploy import _custom_ops as ops
+from fastdeploy.model_executor.utils import load_into, load_into_slice, new_parameter, param_dtype
+
+# Compute dtypes the packed-weight kernel takes.
+PACKED_DTYPES = ("float32", "bfloat16")
 
 
-class LinearBase(nn.Layer):
+class PackedWeightMixin:
+    """``y = x @ weight (+ bias)`` for a layer with ``weight`` ``[in, out]``, packable for the oneDNN kernel.
+
+    After :meth:`process_weights_after_loading` the packed copy is the buffer ``packed_weight``
+    and the fp32 ``weight`` parameter is gone (``weight`` is None).
+    """
+
+    # (packed, bias, out_features, dtype): the kernel's arguments in one plain attribute, because
+    # Paddle resolves parameters and buffers through Layer.__getattr__ (~1 us per access).
+    _packed_args: tuple | None = None
+    _packed_in: int = 0  # K of the packed [K, N] weight
+
+    @property
+    def is_packed(self) -> bool:
+        return self._packed_args is not None
+
+    def process_weights_after_loading(self, dtype: str) -> bool:
+        """Pack the loaded weight once for ``dtype`` ("float32" or "bfloat16"); False when the kernel is missing."""
+        if self._packed_args is not None:
+            return True
+        weight = self.weight
+        if dtype not in PACKED_DTYPES or weight is None or param_dtype(weight) != "float32":
+            return False
+        if not ops.has("fd_linear"):
+            return False
+        packed = ops.linear_pack(weight, dtype)
+        self.register_buffer("packed_weight", packed, persistable=True)
+        object.__setattr__(self, "_packed_args", (packed, self.bias, int(weight.shape[1]), dtype))
+        object.__setattr__(self, "_packed_in", int(weight.shape[0]))
+        # The packed copy replaces the fp32 weight: keeping both would double the weights' memory.
+        self.weight = None
+        return True
+
+    def dense_weight(self) -> paddle.Tensor:
+        """The ``[in, out]`` fp32 weight, unpacked again when packed (for inspection and export, not the forward)."""
+        if self._packed_args is None:
+            return self.weight
+        packed, _, n, dtype = self._packed_args
+        return ops.linear_unpack(packed, self._packed_in, n, dtype)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        """``x @ W (+ b)``: the packed kernel when packed, else ``paddle.matmul``."""
+        if self._packed_args is not None:
+            return ops.linear(x, *self._packed_args)
+        out = paddle.matmul(x, self.weight)
+        # A separate add: F.linear's fused path is slower than matmul + add on CPU.
+        return out if self.bias is None else out + self.bias
+
+
+class LinearBase(PackedWeightMixin, nn.Layer):
     """``y = x @ W (+ b)`` with ``W`` of shape ``[input_size, output_size]``."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, dtype: str = "float32") -> None:
@@ -23,11 +82,6 @@ class LinearBase(nn.Layer):
         self.output_size = output_size
         self.weight = new_parameter([input_size, output_size], dtype)
         self.bias = new_parameter([output_size], dtype) if bias else None
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        out = paddle.matmul(x, self.weight)
-        # A separate add: F.linear's fused path is slower than matmul + add on CPU.
-        return out if self.bias is None else out + self.bias
 
     def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
         """Load a Hugging Face tensor (weight ``[out, in]`` or bias ``[out]``) into ``param``."""

@@ -6,6 +6,10 @@ signed permutation: ``x @ R`` is ``rotate_half(x)`` for the NeoX style and the p
 style and any number of heads, where slicing and concatenating halves would take
 more. Dimensions past ``rotary_dim`` (partial rotary) get ``cos = 1, sin = 0`` and a
 zero block in ``R``, so they pass through unchanged.
+
+The C++ kernel (``csrc/cpu/pos_encoding.cc``) reads the compact ``cos_sin_cache``
+``[max_pos, rotary_dim]`` (cos of the rotary_dim / 2 frequencies, then their sin, as in
+vLLM) and rotates in place while writing K/V into the paged cache.
 """
 
 from __future__ import annotations
@@ -81,13 +85,18 @@ class RotaryEmbedding(nn.Layer):
             inv_freq = (inv_freq / np.float32(scaling["factor"])).astype(np.float32)
         elif rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
-        cos, sin, rot = self._tables(inv_freq, max_position_embeddings)
+        cos, sin, rot, cos_sin = self._tables(inv_freq, max_position_embeddings)
         # [max_pos, 1, D]: one gather by position gives a tensor that broadcasts over heads.
         self.register_buffer("cos_cache", paddle.to_tensor(cos.astype(dtype)), persistable=False)
         self.register_buffer("sin_cache", paddle.to_tensor(sin.astype(dtype)), persistable=False)
         self.register_buffer("rotation", paddle.to_tensor(rot.astype(dtype)), persistable=False)
+        # Always fp32: the kernel computes in fp32 whatever the model dtype.
+        self.register_buffer("cos_sin_cache", paddle.to_tensor(cos_sin), persistable=False)
+        # The same tensor as a plain attribute for the per-layer hot path (buffers go through Layer.__getattr__).
+        object.__setattr__(self, "kernel_cos_sin", self.cos_sin_cache)
 
-    def _tables(self, inv_freq: np.ndarray, max_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _tables(self, inv_freq: np.ndarray, max_pos: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Full-width ``cos``/``sin`` ``[P, 1, D]``, the rotation ``R`` ``[D, D]`` and the kernel's ``[P, rotary_dim]``."""
         d, rd, half = self.head_size, self.rotary_dim, self.rotary_dim // 2
         freqs = np.outer(np.arange(max_pos, dtype=np.float32), inv_freq).astype(np.float32)  # [P, rd/2]
         cos_half, sin_half = np.cos(freqs), np.sin(freqs)
@@ -107,7 +116,8 @@ class RotaryEmbedding(nn.Layer):
             # pairs: out[2i] = -x[2i + 1], out[2i + 1] = x[2i]
             rot[2 * idx + 1, 2 * idx] = -1.0
             rot[2 * idx, 2 * idx + 1] = 1.0
-        return cos[:, None, :], sin[:, None, :], rot
+        cos_sin = np.concatenate([cos_half, sin_half], axis=1).astype(np.float32)
+        return cos[:, None, :], sin[:, None, :], rot, cos_sin
 
     def get_cos_sin(self, positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``(cos, sin)`` of shape ``[T, 1, head_size]`` for int64 ``positions`` ``[T]``; compute once per forward."""

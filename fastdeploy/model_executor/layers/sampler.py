@@ -10,6 +10,8 @@ the same tokens whatever else is in the batch.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +45,10 @@ class SamplingMetadata:
     logit_bias: dict[int, dict[int, float]] = field(default_factory=dict)
     allowed_token_ids: dict[int, list[int]] = field(default_factory=dict)
     bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
+    # Structured outputs: allowed-token bitmask rows [m, ceil(vocab / 32)] int32 (xgrammar's
+    # layout, bit i of word j = token 32 * j + i) and the sampled row each one applies to.
+    grammar_bitmask: np.ndarray | None = None
+    grammar_rows: np.ndarray | None = None
 
 
 @dataclass
@@ -95,6 +101,11 @@ class Sampler:
         self._rng = np.random.default_rng()
 
     def __call__(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
+        if md.grammar_bitmask is not None:
+            # Before the logprobs, as in vLLM: a constrained request's logprobs are those of the
+            # distribution it actually samples from.
+            logits = logits.copy()
+            apply_token_bitmask(logits, md.grammar_bitmask, md.grammar_rows)
         raw_logprobs = log_softmax(logits) if md.max_num_logprobs is not None else None
         logits = self.apply_logits_processors(logits.copy(), md)
         greedy = logits.argmax(axis=-1)
@@ -141,6 +152,45 @@ class Sampler:
         for row, gen in md.generators.items():
             q[row] = gen.exponential(size=probs.shape[-1])
         return (probs / q).argmax(axis=-1)
+
+
+@functools.cache
+def _xgrammar_bitmask_kernel() -> Callable[[np.ndarray, np.ndarray, list[int]], None] | None:
+    """xgrammar's CPU kernel over numpy arrays (zero-copy through torch), or None when unavailable."""
+    try:
+        import torch
+        import xgrammar
+    except ImportError:
+        return None
+
+    def kernel(logits: np.ndarray, bitmask: np.ndarray, indices: list[int]) -> None:
+        xgrammar.apply_token_bitmask_inplace(torch.from_numpy(logits), torch.from_numpy(bitmask), indices=indices)
+
+    return kernel
+
+
+def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarray | None = None) -> None:
+    """Set the logits of tokens a grammar forbids to -inf, in place, for all constrained rows at once.
+
+    Args:
+        logits: ``[S, vocab]`` float32.
+        bitmask: ``[m, words]`` int32, one bit per token (set = allowed), little-endian within words.
+        rows: the logits row of each bitmask row; ``None`` means rows ``0..m-1``.
+    """
+    vocab = logits.shape[-1]
+    rows = np.arange(len(bitmask)) if rows is None else np.asarray(rows)
+    kernel = _xgrammar_bitmask_kernel()
+    if kernel is not None and bitmask.shape[1] * 32 >= vocab and logits.dtype == np.float32 and logits.flags.c_contiguous:
+        # xgrammar's kernel is ~2.5x faster than unpacking bits in numpy; it wants the mask row-aligned.
+        aligned = np.full((logits.shape[0], bitmask.shape[1]), -1, dtype=np.int32)
+        aligned[rows] = bitmask
+        kernel(logits, aligned, rows.tolist())
+        return
+    bits = np.unpackbits(np.ascontiguousarray(bitmask, dtype="<i4").view(np.uint8), axis=-1, bitorder="little")
+    allowed = bits[:, :vocab].astype(bool)
+    if allowed.shape[1] < vocab:  # ids past the mask's width are never allowed
+        allowed = np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[1])))
+    logits[rows] = np.where(allowed, logits[rows], -np.inf)
 
 
 def apply_penalties(logits: np.ndarray, md: SamplingMetadata) -> None:

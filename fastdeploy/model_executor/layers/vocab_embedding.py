@@ -7,6 +7,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from fastdeploy.model_executor.layers.linear import PackedWeightMixin
 from fastdeploy.model_executor.utils import load_into, new_parameter
 
 
@@ -30,12 +31,13 @@ class VocabParallelEmbedding(nn.Layer):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
-class ParallelLMHead(nn.Layer):
+class ParallelLMHead(PackedWeightMixin, nn.Layer):
     """Output projection to the vocabulary, stored ``[hidden, vocab]`` for a plain matmul.
 
     With tied embeddings the table is copied transposed from the embedding at load time:
     on CPU ``matmul(x, W)`` is ~1.7x faster than ``matmul(x, E, transpose_y=True)`` at
-    batch 1, which is worth the extra copy of the table.
+    batch 1, which is worth the extra copy of the table. Like the linear layers, the head
+    is packed for the oneDNN kernel after loading (:class:`PackedWeightMixin`).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, dtype: str = "float32") -> None:
@@ -44,10 +46,6 @@ class ParallelLMHead(nn.Layer):
         self.embedding_dim = embedding_dim
         self.weight = new_parameter([embedding_dim, num_embeddings], dtype)
         self.bias = new_parameter([num_embeddings], dtype) if bias else None
-
-    def forward(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
-        out = paddle.matmul(hidden_states, self.weight)
-        return out if self.bias is None else out + self.bias
 
     def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
         """Load the HF ``lm_head.weight`` ``[vocab, hidden]`` (or its bias)."""

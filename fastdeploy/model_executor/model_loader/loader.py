@@ -21,6 +21,7 @@ from fastdeploy.model_executor.model_loader.weight_utils import (
 )
 from fastdeploy.model_executor.models.registry import ModelRegistry
 from fastdeploy.model_executor.utils import load_into
+from fastdeploy.platforms import current_platform
 
 logger = init_logger(__name__)
 
@@ -89,24 +90,31 @@ def get_model(model_config: Any, load_config: Any = None) -> nn.Layer:
         load_config: a :class:`fastdeploy.config.LoadConfig`; ``load_format`` is one of "auto",
             "safetensors", "gguf", "pt", "dummy".
 
+    The class follows ``model_config.model_impl`` (:meth:`ModelRegistry.resolve`): a native
+    class, or :class:`~fastdeploy.model_executor.models.paddleformers.PaddleFormersForCausalLM`,
+    which takes the same constructor arguments and the same weight iterators.
+
     Raises:
         ValueError: unsupported architecture (the message lists the supported ones), no weights,
             or weights that do not fit the model.
     """
-    if getattr(model_config, "model_impl", "auto") == "paddleformers":
-        raise ValueError("model_impl='paddleformers' is not available in this build; use 'auto' or 'fastdeploy'.")
     hf_config = model_config.hf_config
-    model_cls = ModelRegistry.resolve_model_cls(list(getattr(hf_config, "architectures", None) or []))
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    model_cls = ModelRegistry.resolve(architectures, getattr(model_config, "model_impl", "auto"))
     dtype = model_config.dtype if model_config.dtype not in (None, "auto") else "float32"
     load_format = getattr(load_config, "load_format", "auto") if load_config is not None else "auto"
     start = time.perf_counter()
     with paddle.no_grad():
-        model = model_cls(hf_config, dtype=dtype)
+        # Parameters live in the platform's storage dtype (fp32 on CPU); models that can,
+        # convert their weights for the compute dtype once loaded (packed bf16 matmul weights).
+        model = model_cls(hf_config, dtype=current_platform.param_dtype(dtype))
         model.eval()
         if load_format == "dummy":
             initialize_dummy_weights(model)
         else:
             model.load_weights(get_weights_iterator(model_config, load_format))
+        if hasattr(model, "process_weights_after_loading"):
+            model.process_weights_after_loading(dtype)
     logger.info(
         "Loaded %s (%s, %s weights) in %.1f s.", model_cls.__name__, dtype, load_format, time.perf_counter() - start
     )

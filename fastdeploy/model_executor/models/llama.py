@@ -1,10 +1,12 @@
 """Llama-style decoder-only models, shared by every architecture that differs only in options.
 
 Qwen2, Qwen3 and ERNIE 4.5 (dense) subclass :class:`LlamaForCausalLM` and override
-:meth:`LlamaForCausalLM.decoder_options`. Per step the hot path per layer is: fused
-RMSNorm(+residual), one QKV matmul, one split, RoPE on Q and K stacked together,
-paged attention, the output projection, fused RMSNorm(+residual), one gate/up matmul,
-swiglu, the down projection.
+:meth:`LlamaForCausalLM.decoder_options`. With the C++ kernels a layer is nine ops:
+fused residual-add + RMSNorm, the QKV matmul, (q/k norm +) RoPE + KV-cache write,
+paged attention, the output projection, fused residual-add + RMSNorm, the gate/up
+matmul, SiLU-and-multiply, the down projection; the matmuls run on weights packed once
+after loading, in bf16 when the model dtype is bfloat16. Without the kernels the same
+layers fall back to plain Paddle ops.
 """
 
 from __future__ import annotations
@@ -17,12 +19,18 @@ import numpy as np
 import paddle
 from paddle import nn
 
+from fastdeploy import _custom_ops as ops
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.layers.activation import SiluAndMul
 from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
 from fastdeploy.model_executor.layers.attention.paged_attention import PagedAttention
 from fastdeploy.model_executor.layers.layernorm import RMSNorm, rms_norm
-from fastdeploy.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from fastdeploy.model_executor.layers.linear import (
+    MergedColumnParallelLinear,
+    PackedWeightMixin,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from fastdeploy.model_executor.layers.logits_processor import LogitsProcessor
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
 from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -95,6 +103,10 @@ class QKNorm(nn.Layer):
     def forward(self, qk: paddle.Tensor) -> paddle.Tensor:
         return rms_norm(qk, self.ones, self.eps)[0] * self.weight
 
+    def kernel_args(self) -> tuple[paddle.Tensor, float]:
+        """(weight ``[H + KVH, D]``, eps) for the fused rope kernel, which normalizes each head itself."""
+        return self.weight, self.eps
+
     def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
         """Load HF's ``q_norm.weight`` (shard "q") or ``k_norm.weight`` (shard "k"), each ``[D]``."""
         if shard_id == "q":
@@ -131,25 +143,23 @@ class LlamaAttention(nn.Layer):
 
     def forward(
         self,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
+        positions: paddle.Tensor,
         hidden_states: paddle.Tensor,
         kv_cache: tuple[paddle.Tensor, paddle.Tensor],
         attn_metadata: AttentionMetadata,
     ) -> paddle.Tensor:
         qkv = self.qkv_proj(hidden_states)
-        qk, v = paddle.split(qkv, [self.q_size + self.kv_size, self.kv_size], axis=-1)
-        # Q and K stacked along heads get norm and rotation in one go.
-        qk = qk.reshape([qk.shape[0], self.num_heads + self.num_kv_heads, self.head_dim])
-        if self.qk_norm is not None:
-            qk = self.qk_norm(qk)
-        qk = self.rotary_emb.rotate(qk, cos, sin)
-        q, k = paddle.split(qk, [self.num_heads, self.num_kv_heads], axis=1)
-        return self.o_proj(self.attn(q, k, v, kv_cache, attn_metadata))
+        out = self.attn.forward_qkv(qkv, positions, self.rotary_emb, kv_cache, attn_metadata, self.qk_norm)
+        return self.o_proj(out)
 
 
 class LlamaDecoderLayer(nn.Layer):
-    """Pre-norm decoder block; the residual stream is carried separately so norms fuse the add."""
+    """Pre-norm decoder block; the residual stream is carried separately so norms fuse the add.
+
+    Once its matmul weights are packed, the whole block runs as one fused kernel
+    (``fd_decoder_layer``, the same kernels in the same order as the separate layers), which
+    saves eight trips per layer through Paddle's custom-op dispatch.
+    """
 
     def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str) -> None:
         super().__init__()
@@ -158,22 +168,57 @@ class LlamaDecoderLayer(nn.Layer):
         self.mlp = LlamaMLP(hidden, hf_config.intermediate_size, options.mlp_bias, dtype)
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
+        self.intermediate_size = hf_config.intermediate_size
+
+    # The fused kernel's per-layer arguments ((before the step's tensors), (after)), False when the
+    # layer cannot run fused, None until decided (after loading, on the first call).
+    _fused_args: tuple | bool | None = None
+
+    def _build_fused_args(self) -> tuple | bool:
+        attn, mlp = self.self_attn, self.mlp
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if not ops.has("fd_decoder_layer") or not all(m.is_packed for m in linears):
+            return False
+        if len({m._packed_args[3] for m in linears}) != 1:  # one compute dtype for the whole layer
+            return False
+        (qkv, qkv_b, _, dtype), (o, o_b, _, _), (gu, gu_b, _, _), (down, down_b, _, _) = (
+            m._packed_args for m in linears
+        )
+        qk_norm_w, qk_eps = attn.qk_norm.kernel_args() if attn.qk_norm is not None else (None, 0.0)
+        norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
+        before = (norm_in.weight, qkv, qkv_b, qk_norm_w, attn.rotary_emb.kernel_cos_sin)
+        after = (
+            o, o_b, norm_post.weight, gu, gu_b, down, down_b, attn.num_heads, self.intermediate_size,
+            norm_in.variance_epsilon, qk_eps, attn.rotary_emb.is_neox_style, attn.attn.scale, dtype,
+        )  # fmt: skip
+        return before, after
 
     def forward(
         self,
-        cos: paddle.Tensor,
-        sin: paddle.Tensor,
+        positions: paddle.Tensor,
         hidden_states: paddle.Tensor,
         residual: paddle.Tensor | None,
         kv_cache: tuple[paddle.Tensor, paddle.Tensor],
         attn_metadata: AttentionMetadata,
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
+        fused = self._fused_args
+        if fused is None:
+            fused = self._build_fused_args()
+            object.__setattr__(self, "_fused_args", fused)
+        if fused and attn_metadata.has_kernel_fields:
+            if residual is None:  # a zero residual makes the layer's first add exact
+                residual = paddle.zeros_like(hidden_states)
+            md = attn_metadata
+            return ops.decoder_layer(
+                hidden_states, residual, *fused[0], positions, kv_cache[0], kv_cache[1], md.slot_mapping,
+                md.block_tables, md.query_start_loc, md.seq_lens, *fused[1],
+            )  # fmt: skip
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(cos, sin, hidden_states, kv_cache, attn_metadata)
+        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
@@ -208,10 +253,9 @@ class LlamaModel(nn.Layer):
         attn_metadata: AttentionMetadata,
     ) -> paddle.Tensor:
         hidden_states = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb.get_cos_sin(positions)  # once per forward, shared by every layer
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden_states, residual = layer(cos, sin, hidden_states, residual, kv_cache, attn_metadata)
+            hidden_states, residual = layer(positions, hidden_states, residual, kv_cache, attn_metadata)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -240,7 +284,8 @@ class LlamaForCausalLM(nn.Layer):
       ``[num_blocks, block_size, num_kv_heads, head_dim]``.
     - ``compute_logits(hidden_states [S, hidden]) -> [S, vocab]`` float32.
     - ``load_weights(iterable of (HF name, array in HF layout))``.
-    - ``num_layers``, ``num_kv_heads``, ``head_dim`` for sizing the KV cache.
+    - ``num_layers``, ``num_kv_heads``, ``head_dim`` and ``kv_cache_dtype`` for sizing the KV cache.
+    - ``process_weights_after_loading(dtype)``: convert the loaded weights once for the compute dtype.
     """
 
     def __init__(self, hf_config: Any, dtype: str = "float32") -> None:
@@ -254,6 +299,9 @@ class LlamaForCausalLM(nn.Layer):
         self.num_layers = hf_config.num_hidden_layers
         self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads if self.num_layers else 0
         self.head_dim = get_head_dim(hf_config)
+        # The dtype the matmuls compute in and the KV cache's dtype, set by process_weights_after_loading.
+        self.compute_dtype = "float32"
+        self.kv_cache_dtype = "float32"
         if getattr(hf_config, "use_sliding_window", False) and getattr(hf_config, "sliding_window", None):
             logger.warning("Sliding-window attention is not implemented: every layer attends to the full context.")
 
@@ -271,6 +319,22 @@ class LlamaForCausalLM(nn.Layer):
         attn_metadata: AttentionMetadata,
     ) -> paddle.Tensor:
         return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def process_weights_after_loading(self, dtype: str) -> None:
+        """Pack every matmul weight (projections and LM head) once for the oneDNN kernel in ``dtype``.
+
+        In bfloat16 the KV cache is bf16 too (half the memory and bandwidth; attention still
+        computes in fp32). Without the kernels the weights stay fp32 for ``paddle.matmul``.
+
+        Raises:
+            RuntimeError: ``dtype`` is bfloat16 but the kernels are not available.
+        """
+        layers = [m for m in self.sublayers() if isinstance(m, PackedWeightMixin)]
+        packed = [m.process_weights_after_loading(dtype) for m in layers]
+        if dtype == "bfloat16" and not all(packed):
+            raise RuntimeError("bfloat16 needs the C++ oneDNN linear kernel (csrc/cpu), which is not available.")
+        self.compute_dtype = dtype if all(packed) else "float32"
+        self.kv_cache_dtype = "bfloat16" if self.compute_dtype == "bfloat16" else "float32"
 
     def compute_logits(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
         """Logits ``[S, vocab]`` float32 of the hidden states of the positions being sampled."""

@@ -12,7 +12,13 @@ from fastdeploy.config import LoadConfig, ModelConfig
 from fastdeploy.model_executor.model_loader import get_model
 from fastdeploy.model_executor.model_loader.weight_utils import gguf_to_hf_name, unpermute_llama_qk
 from fastdeploy.model_executor.models.registry import ModelRegistry, get_supported_archs
-from tests.model_executor.utils import build_tiny_checkpoint, load_hf_model, load_our_model, prefill_logits
+from tests.model_executor.utils import (
+    build_tiny_checkpoint,
+    load_hf_model,
+    load_our_model,
+    named_weights,
+    prefill_logits,
+)
 
 PROMPT = [5, 17, 300, 42, 9, 777, 12]
 
@@ -58,22 +64,23 @@ def test_sharded_safetensors_and_bin_load_the_same(llama_dir, tmp_path):
 def test_bf16_safetensors_are_widened_exactly(llama_dir, tmp_path):
     hf = load_hf_model(llama_dir).to(torch.bfloat16)
     hf.save_pretrained(tmp_path, safe_serialization=True)
-    ours = dict(load_our_model(str(tmp_path)).named_parameters())
+    ours = named_weights(load_our_model(str(tmp_path)))
     embed = hf.model.embed_tokens.weight.detach().float().numpy()
-    np.testing.assert_array_equal(ours["model.embed_tokens.weight"].numpy(), embed)
+    np.testing.assert_array_equal(ours["model.embed_tokens.weight"], embed)
     q = hf.model.layers[0].self_attn.q_proj.weight.detach().float().numpy()
-    np.testing.assert_array_equal(ours["model.layers.0.self_attn.qkv_proj.weight"].numpy()[:, : q.shape[0]], q.T)
+    np.testing.assert_array_equal(ours["model.layers.0.self_attn.qkv_proj.weight"][:, : q.shape[0]], q.T)
 
 
 def test_dummy_weights_are_deterministic_and_sane(llama_dir):
     a = load_our_model(llama_dir, load_format="dummy")
     b = load_our_model(llama_dir, load_format="dummy")
-    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        np.testing.assert_array_equal(pa.numpy(), pb.numpy(), err_msg=name)
-    params = dict(a.named_parameters())
-    w = params["model.layers.0.mlp.gate_up_proj.weight"].numpy()
+    params, params_b = named_weights(a), named_weights(b)
+    assert params.keys() == params_b.keys()
+    for name, value in params.items():
+        np.testing.assert_array_equal(value, params_b[name], err_msg=name)
+    w = params["model.layers.0.mlp.gate_up_proj.weight"]
     assert 0.015 < w.std() < 0.025
-    assert (params["model.norm.weight"].numpy() == 1).all()
+    assert (params["model.norm.weight"] == 1).all()
     logits = prefill_logits(a, PROMPT)
     assert np.isfinite(logits).all() and np.abs(logits).max() < 10
 
@@ -108,10 +115,15 @@ def test_unpermute_reverses_llama_cpp(n_head):
     np.testing.assert_array_equal(unpermute_llama_qk(_llama_cpp_permute(b, n_head), n_head), b)
 
 
-def test_paddleformers_impl_is_not_available(llama_dir):
-    config = ModelConfig(model=llama_dir, model_impl="paddleformers")
-    with pytest.raises(ValueError, match="paddleformers"):
-        get_model(config, LoadConfig())
+def test_model_impl_selects_the_backend(llama_dir):
+    pytest.importorskip("paddleformers")
+    from fastdeploy.model_executor.models.paddleformers import PaddleFormersForCausalLM
+
+    native = get_model(ModelConfig(model=llama_dir, model_impl="fastdeploy", dtype="float32"), LoadConfig())
+    backend = get_model(ModelConfig(model=llama_dir, model_impl="paddleformers", dtype="float32"), LoadConfig())
+    assert type(native) is ModelRegistry.resolve(["LlamaForCausalLM"], "auto")
+    assert isinstance(backend, PaddleFormersForCausalLM)
+    np.testing.assert_allclose(prefill_logits(backend, PROMPT), prefill_logits(native, PROMPT), atol=1e-5, rtol=0)
 
 
 def test_params_are_inference_only(llama_dir):

@@ -20,6 +20,7 @@ from tests.model_executor.utils import (
     hf_logits,
     load_hf_model,
     load_our_model,
+    named_weights,
     prefill_logits,
 )
 
@@ -129,9 +130,11 @@ def test_smollm2_gguf_and_converted_safetensors_agree(smol, tmp_path):
     hf.config.__dict__.pop("quantization_config", None)  # a GGUF marker that does not apply to the copy
     hf.save_pretrained(tmp_path, safe_serialization=True)
     converted = load_our_model(str(tmp_path))
-    ours_params = dict(ours.named_parameters())
-    for name, p in converted.named_parameters():
-        np.testing.assert_array_equal(p.numpy(), ours_params[name].numpy(), err_msg=name)
+    ours_weights = named_weights(ours)
+    converted_weights = named_weights(converted)
+    assert converted_weights.keys() == ours_weights.keys()
+    for name, value in converted_weights.items():
+        np.testing.assert_array_equal(value, ours_weights[name], err_msg=name)
     prompt = _chat(tok, "Hi")
     np.testing.assert_array_equal(prefill_logits(converted, prompt), prefill_logits(ours, prompt))
     assert os.path.isfile(tmp_path / "config.json")

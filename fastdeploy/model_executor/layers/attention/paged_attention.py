@@ -1,7 +1,14 @@
-"""Attention over the paged KV cache, in plain Paddle ops (a csrc kernel replaces it later).
+"""Attention over the paged KV cache: the C++ kernel when built, plain Paddle ops otherwise.
 
-Each step writes this step's K/V into the cache through ``slot_mapping``, then reads
-every sequence's context back through its slots:
+Kernel path (``csrc/cpu``): :meth:`PagedAttention.forward_qkv` takes the fused QKV
+projection output and runs two ops: ``fd_rope_and_cache`` (optional q/k RMSNorm, RoPE
+in place, this step's K/V written to the cache at ``slot_mapping``) and
+``fd_paged_attention``, which reads the queries from the same buffer and every key and
+value through the block table, for decodes and (chunked) prefills in one call.
+
+Plain-Paddle path (no kernels, or metadata built without block tables): each step
+writes this step's K/V into the cache through ``slot_mapping``, then reads every
+sequence's context back through its slots:
 
 - decodes (the first ``num_decodes`` rows, one query each) run batched: the cache is
   viewed as ``[num_slots * KVH, D]`` and gathered with per-(request, kv head) row
@@ -17,14 +24,16 @@ mutate one in place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
+from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 
 @dataclass
@@ -42,6 +51,8 @@ class _StepPlan:
     num_kv_heads: int
     decode_rows: paddle.Tensor | None  # [num_decodes, KVH, max_context_len]
     prefills: list[_PrefillPlan]
+    # (cos, sin) of this step's positions per rotary embedding, gathered once for all layers.
+    rope: dict[int, tuple[paddle.Tensor, paddle.Tensor]] = field(default_factory=dict)
 
 
 def _causal_mask(query_len: int, context_len: int) -> paddle.Tensor:
@@ -97,6 +108,9 @@ class PagedAttention(nn.Layer):
         # Views of this layer's cache tensors, kept while the runner keeps the same tensors.
         self._views: tuple[paddle.Tensor, ...] | None = None
 
+    # Whether the C++ kernels are used (decided on the first call, once the kernels are loaded).
+    _use_kernels: bool | None = None
+
     def _cache_views(self, kv_cache: tuple[paddle.Tensor, paddle.Tensor]) -> tuple[paddle.Tensor, ...]:
         k_cache, v_cache = kv_cache
         views = self._views
@@ -121,6 +135,62 @@ class PagedAttention(nn.Layer):
             PagedAttention._plan = plan
         return plan
 
+    def _kernel_ready(self, attn_metadata: AttentionMetadata) -> bool:
+        """Whether this call can run on the C++ kernels (decided once per layer, then per metadata)."""
+        use = self._use_kernels
+        if use is None:
+            use = ops.has("fd_paged_attention") and ops.has("fd_rope_and_cache")
+            object.__setattr__(self, "_use_kernels", use)
+        return use and attn_metadata.has_kernel_fields
+
+    def forward_qkv(
+        self,
+        qkv: paddle.Tensor,
+        positions: paddle.Tensor,
+        rotary_emb: RotaryEmbedding,
+        kv_cache: tuple[paddle.Tensor, paddle.Tensor],
+        attn_metadata: AttentionMetadata,
+        qk_norm: nn.Layer | None = None,
+    ) -> paddle.Tensor:
+        """Attention of a fused QKV projection output ``[T, (H + 2 KVH) D]`` -> ``[T, H D]``.
+
+        Applies ``qk_norm`` (per-head RMSNorm of queries and keys stacked ``[T, H + KVH, D]``,
+        with ``weight`` and ``eps``) when given and RoPE to q and k, writes this step's K/V into
+        the cache, and attends. On the kernel path ``qkv`` is modified in place.
+        """
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self._kernel_ready(attn_metadata) and qkv.dtype == paddle.float32:
+            k_cache, v_cache = kv_cache
+            norm_weight, eps = (None, 0.0) if qk_norm is None else qk_norm.kernel_args()
+            md = attn_metadata
+            ops.rope_and_cache(
+                qkv,
+                positions,
+                rotary_emb.kernel_cos_sin,
+                k_cache,
+                v_cache,
+                md.slot_mapping,
+                norm_weight,
+                h,
+                rotary_emb.is_neox_style,
+                eps,
+            )
+            return ops.paged_attention(
+                qkv, k_cache, v_cache, md.block_tables, md.query_start_loc, md.seq_lens, h, self.scale
+            )
+        qk, v = paddle.split(qkv, [(h + kvh) * d, kvh * d], axis=-1)
+        # Q and K stacked along heads get norm and rotation in one go.
+        qk = qk.reshape([qk.shape[0], h + kvh, d])
+        if qk_norm is not None:
+            qk = qk_norm(qk)
+        plan = self._step_plan(attn_metadata)
+        cos_sin = plan.rope.get(id(rotary_emb))
+        if cos_sin is None:
+            cos_sin = plan.rope[id(rotary_emb)] = rotary_emb.get_cos_sin(positions)
+        qk = rotary_emb.rotate(qk, *cos_sin)
+        q, k = paddle.split(qk, [h, kvh], axis=1)
+        return self.forward(q, k, v, kv_cache, attn_metadata)
+
     def forward(
         self,
         q: paddle.Tensor,
@@ -132,13 +202,28 @@ class PagedAttention(nn.Layer):
         """``q`` ``[T, H*D]``, ``k``/``v`` ``[T, KVH*D]`` (``[T, heads, D]`` accepted too) -> ``[T, H*D]``."""
         h, kvh, g, d = self.num_heads, self.num_kv_heads, self.group, self.head_dim
         num_tokens = q.shape[0]
-        _, _, k_slots, v_slots, k_rows, v_rows = self._cache_views(kv_cache)
+        k_cache, _, k_slots, v_slots, k_rows, v_rows = self._cache_views(kv_cache)
         if k.ndim == 2:
             k = k.reshape([num_tokens, kvh, d])
         if v.ndim == 2:
             v = v.reshape([num_tokens, kvh, d])
+        if k.dtype != k_cache.dtype:  # a bf16 cache under fp32 activations
+            k, v = k.astype(k_cache.dtype), v.astype(k_cache.dtype)
         paddle.scatter_(k_slots, attn_metadata.slot_mapping, k, overwrite=True)
         paddle.scatter_(v_slots, attn_metadata.slot_mapping, v, overwrite=True)
+        if self._kernel_ready(attn_metadata) and q.dtype == paddle.float32:
+            q = q.reshape([num_tokens, h * d])
+            md = attn_metadata
+            return ops.paged_attention(
+                q if q.is_contiguous() else q.contiguous(),
+                kv_cache[0],
+                kv_cache[1],
+                md.block_tables,
+                md.query_start_loc,
+                md.seq_lens,
+                h,
+                self.scale,
+            )
         plan = self._step_plan(attn_metadata)
         q = q * self.scale
 

@@ -1,0 +1,254 @@
+// Paged attention over the block table for a mixed batch of prefills and decodes, with GQA.
+//
+// The batch is flattened: sequence s owns query rows [query_start_loc[s],
+// query_start_loc[s + 1]) and has seq_lens[s] tokens of context in the cache
+// (cached prefix + earlier chunks + this step's tokens, already written by
+// fd_rope_and_cache). Query i of a sequence with L new tokens sits at position
+// seq_len - L + i and attends to keys 0 .. that position. A decode is simply a
+// sequence with one query, so one kernel serves every mix.
+//
+// Work items are (sequence, kv head, tile of query tokens): the g = H / KVH query
+// heads that share a kv head are processed together, so each key and value is
+// read from the cache once per tile. Keys are walked in tiles of 16 through the
+// block table (any block size) with an online softmax. Every query row goes
+// through exactly the same arithmetic whatever tile or batch it is in (masked
+// keys contribute exact zeros), so a request's output does not depend on what
+// else is batched with it.
+#include <algorithm>
+#include <vector>
+
+#include "cpu_utils.h"
+#include "kernels.h"
+
+namespace {
+
+constexpr int64_t kKeyTile = 16;    // keys per score tile: one 512-bit vector of fp32 scores
+constexpr int64_t kRowGroup = 4;    // query rows sharing each key load in the score loop
+constexpr int64_t kTileRows = 32;   // target query rows (tokens x heads of a group) per work item
+
+struct WorkItem {
+  int64_t seq, kv_head, token_begin, num_tokens;
+};
+
+template <int kHeadDim, typename CacheT>
+void attention_kernel(const float* query, int64_t query_stride, const CacheT* key_cache, const CacheT* value_cache,
+                      const int64_t* block_tables, int64_t max_blocks, const int64_t* query_start_loc,
+                      const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                      int64_t head_dim_runtime, int64_t block_size, float scale, float* out) {
+  // A compile-time head dim lets the compiler keep rows of it in registers.
+  const int64_t head_dim = kHeadDim > 0 ? kHeadDim : head_dim_runtime;
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t tile_tokens = std::max<int64_t>(1, kTileRows / group);
+  const int64_t max_rows = (tile_tokens * group + kRowGroup - 1) / kRowGroup * kRowGroup;
+
+  std::vector<WorkItem> items;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t num_queries = query_start_loc[s + 1] - query_start_loc[s];
+    for (int64_t t0 = 0; t0 < num_queries; t0 += tile_tokens)
+      for (int64_t h = 0; h < num_kv_heads; ++h)
+        items.push_back({s, h, t0, std::min(tile_tokens, num_queries - t0)});
+  }
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  bool bad_context = false;
+
+#pragma omp parallel if (num_items > 1) reduction(|| : bad_context)
+  {
+    std::vector<float> q_rows(max_rows * head_dim), acc(max_rows * head_dim);
+    std::vector<float> row_max(max_rows), row_sum(max_rows);
+    std::vector<int64_t> row_pos(max_rows);
+    std::vector<float> keys_t(head_dim * kKeyTile), values(kKeyTile * head_dim), probs(max_rows * kKeyTile);
+
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < num_items; ++it) {
+      const WorkItem& item = items[it];
+      const int64_t num_queries = query_start_loc[item.seq + 1] - query_start_loc[item.seq];
+      const int64_t context = seq_lens[item.seq];
+      if (context < num_queries || (context + block_size - 1) / block_size > max_blocks) {
+        bad_context = true;
+        continue;
+      }
+      const int64_t rows = item.num_tokens * group;
+      const int64_t padded_rows = (rows + kRowGroup - 1) / kRowGroup * kRowGroup;
+      const int64_t first_token = query_start_loc[item.seq] + item.token_begin;
+      const int64_t first_pos = context - num_queries + item.token_begin;
+      // Row r = (token r / group, query head kv_head * group + r % group); padding rows stay zero.
+      std::fill(q_rows.begin(), q_rows.begin() + padded_rows * head_dim, 0.0f);
+      std::fill(acc.begin(), acc.begin() + padded_rows * head_dim, 0.0f);
+      for (int64_t r = 0; r < padded_rows; ++r) {
+        row_max[r] = -INFINITY;
+        row_sum[r] = 0.0f;
+        row_pos[r] = r < rows ? first_pos + r / group : -1;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* src =
+            query + (first_token + r / group) * query_stride + (item.kv_head * group + r % group) * head_dim;
+        float* dst = q_rows.data() + r * head_dim;
+#pragma omp simd
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = src[d] * scale;
+      }
+      const int64_t last_pos = first_pos + item.num_tokens - 1;
+      const int64_t* table = block_tables + item.seq * max_blocks;
+
+      for (int64_t key0 = 0; key0 <= last_pos; key0 += kKeyTile) {
+        const int64_t num_keys = std::min(kKeyTile, last_pos + 1 - key0);
+        // Gather this tile's keys (transposed, [D][16]) and values ([16][D]) through the block table.
+        for (int64_t k = 0; k < num_keys; ++k) {
+          const int64_t pos = key0 + k;
+          const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
+          const int64_t offset = (slot * num_kv_heads + item.kv_head) * head_dim;
+          float* v = values.data() + k * head_dim;
+          fastdeploy_cpu::load_row(key_cache + offset, v, head_dim);  // staged here, then transposed
+          for (int64_t d = 0; d < head_dim; ++d) keys_t[d * kKeyTile + k] = v[d];
+          fastdeploy_cpu::load_row(value_cache + offset, v, head_dim);
+        }
+        for (int64_t k = num_keys; k < kKeyTile; ++k)  // finite zeros in the unused lanes
+          for (int64_t d = 0; d < head_dim; ++d) keys_t[d * kKeyTile + k] = 0.0f;
+
+        for (int64_t r0 = 0; r0 < padded_rows; r0 += kRowGroup) {
+          const int64_t group_last = *std::max_element(row_pos.begin() + r0, row_pos.begin() + r0 + kRowGroup);
+          if (group_last < key0) continue;  // every row of the group is before this key tile
+          // Scores of kRowGroup rows x 16 keys, accumulated over the head dim in registers.
+          float scores[kRowGroup][kKeyTile] = {};
+          for (int64_t d = 0; d < head_dim; ++d) {
+            const float* kd = keys_t.data() + d * kKeyTile;
+            for (int64_t rr = 0; rr < kRowGroup; ++rr) {
+              const float qd = q_rows[(r0 + rr) * head_dim + d];
+#pragma omp simd
+              for (int64_t k = 0; k < kKeyTile; ++k) scores[rr][k] += qd * kd[k];
+            }
+          }
+          for (int64_t rr = 0; rr < kRowGroup; ++rr) {
+            const int64_t r = r0 + rr;
+            float* p = probs.data() + r * kKeyTile;
+            const int64_t valid = std::min(num_keys, row_pos[r] - key0 + 1);  // causal: keys <= position
+            if (valid <= 0) {
+              std::fill(p, p + kKeyTile, 0.0f);
+              continue;
+            }
+            float tile_max = -INFINITY;
+            for (int64_t k = 0; k < valid; ++k) tile_max = std::max(tile_max, scores[rr][k]);
+            const float new_max = std::max(row_max[r], tile_max);
+            const float alpha = fastdeploy_cpu::exp_approx(row_max[r] - new_max);
+            float tile_sum = 0.0f;
+#pragma omp simd reduction(+ : tile_sum)
+            for (int64_t k = 0; k < kKeyTile; ++k) {
+              const float e = fastdeploy_cpu::exp_approx(scores[rr][k] - new_max);
+              p[k] = k < valid ? e : 0.0f;
+              tile_sum += p[k];
+            }
+            row_sum[r] = row_sum[r] * alpha + tile_sum;
+            row_max[r] = new_max;
+            float* a = acc.data() + r * head_dim;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
+          }
+          // acc += P @ V for the group's rows; masked keys have p = 0 exactly.
+          for (int64_t k = 0; k < num_keys; ++k) {
+            const float* v = values.data() + k * head_dim;
+            for (int64_t rr = 0; rr < kRowGroup; ++rr) {
+              const float pk = probs[(r0 + rr) * kKeyTile + k];
+              float* a = acc.data() + (r0 + rr) * head_dim;
+#pragma omp simd
+              for (int64_t d = 0; d < head_dim; ++d) a[d] += pk * v[d];
+            }
+          }
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const float inv = 1.0f / row_sum[r];
+        const float* a = acc.data() + r * head_dim;
+        float* dst = out + (first_token + r / group) * num_heads * head_dim +
+                     (item.kv_head * group + r % group) * head_dim;
+#pragma omp simd
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = a[d] * inv;
+      }
+    }
+  }
+  PD_CHECK(!bad_context, "paged_attention: seq_lens is shorter than the query or longer than the block table.");
+}
+
+template <typename CacheT>
+void dispatch_head_dim(int64_t head_dim, const float* query, int64_t query_stride, const CacheT* key_cache,
+                       const CacheT* value_cache, const int64_t* block_tables, int64_t max_blocks,
+                       const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads,
+                       int64_t num_kv_heads, int64_t block_size, float scale, float* out) {
+  // Compile-time copies for the common head sizes, the runtime-sized one for the rest.
+  auto kernel = head_dim == 64    ? attention_kernel<64, CacheT>
+                : head_dim == 128 ? attention_kernel<128, CacheT>
+                                  : attention_kernel<0, CacheT>;
+  kernel(query, query_stride, key_cache, value_cache, block_tables, max_blocks, query_start_loc, seq_lens, num_seqs,
+         num_heads, num_kv_heads, head_dim, block_size, scale, out);
+}
+
+}  // namespace
+
+namespace fastdeploy_cpu {
+
+void paged_attention(const float* query, int64_t query_stride, const paddle::Tensor& key_cache,
+                     const paddle::Tensor& value_cache, const int64_t* block_tables, int64_t max_blocks,
+                     const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads,
+                     float scale, float* out) {
+  const int64_t block_size = key_cache.shape()[1];
+  const int64_t num_kv_heads = key_cache.shape()[2];
+  const int64_t head_dim = key_cache.shape()[3];
+  if (is_bf16(key_cache)) {
+    dispatch_head_dim(head_dim, query, query_stride, static_cast<const uint16_t*>(key_cache.data()),
+                      static_cast<const uint16_t*>(value_cache.data()), block_tables, max_blocks, query_start_loc,
+                      seq_lens, num_seqs, num_heads, num_kv_heads, block_size, scale, out);
+  } else {
+    check_dtype(key_cache, paddle::DataType::FLOAT32, "key_cache");
+    dispatch_head_dim(head_dim, query, query_stride, key_cache.data<float>(), value_cache.data<float>(),
+                      block_tables, max_blocks, query_start_loc, seq_lens, num_seqs, num_heads, num_kv_heads,
+                      block_size, scale, out);
+  }
+}
+
+}  // namespace fastdeploy_cpu
+
+// query [T, W] float32 whose first H * D columns are the queries (the fused QKV buffer works as is),
+// caches [num_blocks, block_size, KVH, D] float32 or bfloat16, block_tables [S, max_blocks] int64,
+// query_start_loc [S + 1] int64, seq_lens [S] int64 -> out [T, H * D] float32.
+std::vector<paddle::Tensor> PagedAttention(const paddle::Tensor& query, const paddle::Tensor& key_cache,
+                                           const paddle::Tensor& value_cache, const paddle::Tensor& block_tables,
+                                           const paddle::Tensor& query_start_loc, const paddle::Tensor& seq_lens,
+                                           int num_heads, float scale) {
+  using fastdeploy_cpu::check_cpu_contiguous;
+  using fastdeploy_cpu::check_dtype;
+  check_cpu_contiguous(query, "query");
+  check_cpu_contiguous(key_cache, "key_cache");
+  check_cpu_contiguous(value_cache, "value_cache");
+  check_cpu_contiguous(block_tables, "block_tables");
+  check_cpu_contiguous(query_start_loc, "query_start_loc");
+  check_cpu_contiguous(seq_lens, "seq_lens");
+  check_dtype(query, paddle::DataType::FLOAT32, "query");
+  check_dtype(block_tables, paddle::DataType::INT64, "block_tables");
+  check_dtype(query_start_loc, paddle::DataType::INT64, "query_start_loc");
+  check_dtype(seq_lens, paddle::DataType::INT64, "seq_lens");
+  PD_CHECK(key_cache.shape().size() == 4 && key_cache.dtype() == value_cache.dtype(),
+           "paged_attention: caches must be [num_blocks, block_size, KVH, D] of one dtype.");
+  PD_CHECK(query.shape().size() == 2, "paged_attention: query must be [T, W].");
+  const int64_t block_size = key_cache.shape()[1];
+  const int64_t num_kv_heads = key_cache.shape()[2];
+  const int64_t head_dim = key_cache.shape()[3];
+  const int64_t num_tokens = query.shape()[0];
+  const int64_t num_seqs = seq_lens.numel();
+  PD_CHECK(num_heads % num_kv_heads == 0, "paged_attention: num_heads must be a multiple of the kv heads.");
+  PD_CHECK(query.shape()[1] >= num_heads * head_dim, "paged_attention: query is narrower than H * D.");
+  PD_CHECK(query_start_loc.numel() == num_seqs + 1, "paged_attention: query_start_loc needs S + 1 entries.");
+  PD_CHECK(block_tables.shape().size() == 2 && block_tables.shape()[0] >= num_seqs,
+           "paged_attention: block_tables must be [S, max_blocks].");
+  PD_CHECK(num_seqs == 0 || query_start_loc.data<int64_t>()[num_seqs] <= num_tokens,
+           "paged_attention: query_start_loc points past the query rows.");
+  auto out = paddle::empty({num_tokens, num_heads * head_dim}, paddle::DataType::FLOAT32, query.place());
+  fastdeploy_cpu::paged_attention(query.data<float>(), query.shape()[1], key_cache, value_cache,
+                                  block_tables.data<int64_t>(), block_tables.shape()[1],
+                                  query_start_loc.data<int64_t>(), seq_lens.data<int64_t>(), num_seqs, num_heads,
+                                  scale, out.data<float>());
+  return {out};
+}
+
+PD_BUILD_OP(fd_paged_attention)
+    .Inputs({"query", "key_cache", "value_cache", "block_tables", "query_start_loc", "seq_lens"})
+    .Outputs({"out"})
+    .Attrs({"num_heads: int", "scale: float"})
+    .SetKernelFn(PD_KERNEL(PagedAttention));

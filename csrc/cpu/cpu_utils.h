@@ -1,0 +1,80 @@
+// Helpers shared by the CPU kernels: bf16 conversion, a vectorizable exp, input checks.
+//
+// Everything here is plain C++ written so that GCC vectorizes it under
+// `#pragma omp simd` with -O3 -march=native (the extension is built on the
+// machine that runs it), instead of hand-written intrinsics per ISA.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "paddle/extension.h"
+
+namespace fastdeploy_cpu {
+
+// bf16 is the top half of an fp32: widening is a shift.
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// Round to nearest even, as torch and oneDNN do (NaN stays NaN).
+inline uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// exp(x) with ~1 ulp error (Cephes polynomial), branch-free so loops over it vectorize.
+// Inputs below -87 (including -inf, used for masked scores) return exactly 0.
+inline float exp_approx(float x) {
+  const float clamped = std::fmin(std::fmax(x, -87.0f), 88.0f);
+  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  float r = clamped - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+// Load n values of a float or bf16 row into fp32.
+inline void load_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void load_row(const uint16_t* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+}
+
+// Store n fp32 values into a float or bf16 row.
+inline void store_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void store_row(const float* src, uint16_t* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+}
+
+inline void check_cpu_contiguous(const paddle::Tensor& t, const char* name) {
+  PD_CHECK(t.is_cpu(), std::string(name) + " must be a CPU tensor.");
+  PD_CHECK(t.is_contiguous(), std::string(name) + " must be contiguous.");
+}
+
+inline void check_dtype(const paddle::Tensor& t, paddle::DataType dtype, const char* name) {
+  PD_CHECK(t.dtype() == dtype, std::string(name) + " has the wrong dtype.");
+}
+
+// KV caches are float32 or bfloat16; kernels template on the element type.
+inline bool is_bf16(const paddle::Tensor& t) { return t.dtype() == paddle::DataType::BFLOAT16; }
+
+}  // namespace fastdeploy_cpu

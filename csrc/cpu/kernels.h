@@ -1,0 +1,36 @@
+// The kernels as plain functions, shared by their own ops and by the fused decoder-layer op.
+// Arguments are raw fp32 buffers (row-major, contiguous); caches are Paddle tensors because
+// their element type (fp32 or bf16) is chosen at run time.
+#pragma once
+
+#include <cstdint>
+
+#include "paddle/extension.h"
+
+namespace fastdeploy_cpu {
+
+// linear.cc (oneDNN): out[m, n] = x[m, k] @ W + bias, W packed by fd_linear_pack in bf16 or fp32.
+bool linear_packed_size_ok(int64_t packed_bytes, int64_t k, int64_t n, bool bf16);
+void linear_forward(const float* x, int64_t m, int64_t k, const void* packed, const float* bias, int64_t n, bool bf16,
+                    float* out);
+
+// layernorm.cc
+void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t h, float* out);
+// residual += x; x = rms_norm(residual) * weight.
+void fused_add_rms_norm(float* x, float* residual, const float* weight, float eps, int64_t rows, int64_t h);
+
+// activation.cc: out[r] = silu(x[r, :d]) * x[r, d:].
+void silu_and_mul(const float* x, int64_t rows, int64_t d, float* out);
+
+// pos_encoding.cc: in place on qkv [T, (H + 2 KVH) D]; k and v rows go to the caches at slots.
+void rope_and_cache(float* qkv, const int64_t* positions, const float* cos_sin, int64_t max_position, int64_t rot_dim,
+                    paddle::Tensor& key_cache, paddle::Tensor& value_cache, const int64_t* slots,
+                    const float* norm_weight, int64_t num_tokens, int64_t num_heads, bool is_neox, float eps);
+
+// attention.cc: out [T, H D] from the queries in the first H D columns of query [T, query_stride].
+void paged_attention(const float* query, int64_t query_stride, const paddle::Tensor& key_cache,
+                     const paddle::Tensor& value_cache, const int64_t* block_tables, int64_t max_blocks,
+                     const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads,
+                     float scale, float* out);
+
+}  // namespace fastdeploy_cpu

@@ -1,0 +1,266 @@
+// Linear layers through oneDNN's matmul with weights packed once at load time.
+//
+// `fd_linear_pack` reorders a [K, N] fp32 weight into the blocked layout oneDNN's
+// brgemm kernels read (bf16 or fp32), `fd_linear` computes y = x @ W (+ bias) with
+// fp32 input and output and fp32 accumulation. On CPUs with AMX or AVX512-BF16 the
+// bf16 path runs on those units and reads half the bytes of fp32 weights, which is
+// what bounds a decode step.
+//
+// The packed layout is chosen for a reference M and serves every M (checked: the
+// brgemm implementation accepts it for M = 1 .. thousands); primitives are cached
+// per exact (M, K, N) because a runtime-M primitive falls back to the reference
+// implementation.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <list>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "cpu_utils.h"
+#include "kernels.h"
+
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+// M the packed layout is negotiated for (any M works with it; see above).
+constexpr int64_t kPackReferenceM = 32;
+// Distinct (M, K, N) primitives kept; a prefill of a new length adds one per weight shape.
+constexpr size_t kMaxCachedPrimitives = 512;
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// One stream per calling thread: oneDNN streams must not be shared across threads.
+dnnl::stream& cpu_stream() {
+  thread_local dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
+dt weight_type(const std::string& dtype) {
+  if (dtype == "bfloat16") return dt::bf16;
+  if (dtype == "float32") return dt::f32;
+  PD_THROW("fd_linear: weight dtype must be 'bfloat16' or 'float32', got '" + dtype + "'.");
+}
+
+// The packed weight layout for (K, N, dtype), negotiated once with format_tag::any.
+memory::desc packed_weight_desc(int64_t k, int64_t n, dt wdt) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int>, memory::desc> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(k, n, static_cast<int>(wdt));
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  dnnl::matmul::primitive_desc pd(cpu_engine(), memory::desc({kPackReferenceM, k}, wdt, tag::ab),
+                                  memory::desc({k, n}, wdt, tag::any),
+                                  memory::desc({kPackReferenceM, n}, dt::f32, tag::ab));
+  memory::desc md = pd.weights_desc();
+  cache.emplace(key, md);
+  return md;
+}
+
+struct PrimitiveKey {
+  int64_t m, k, n;
+  int wdt;
+  bool bias;
+  bool operator==(const PrimitiveKey& o) const {
+    return m == o.m && k == o.k && n == o.n && wdt == o.wdt && bias == o.bias;
+  }
+};
+
+struct PrimitiveKeyHash {
+  size_t operator()(const PrimitiveKey& key) const {
+    size_t h = std::hash<int64_t>()(key.m);
+    h = h * 1000003u ^ std::hash<int64_t>()(key.k);
+    h = h * 1000003u ^ std::hash<int64_t>()(key.n);
+    return h * 31u + static_cast<size_t>(key.wdt) * 2u + (key.bias ? 1u : 0u);
+  }
+};
+
+struct CachedMatmul {
+  dnnl::matmul primitive;
+  memory::desc src, weights, bias, dst;
+};
+
+// LRU cache of matmul primitives by exact shape.
+class MatmulCache {
+ public:
+  CachedMatmul get(const PrimitiveKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) {
+      order_.splice(order_.begin(), order_, it->second.second);
+      return it->second.first;
+    }
+    CachedMatmul entry = create(key);
+    order_.push_front(key);
+    map_.emplace(key, std::make_pair(entry, order_.begin()));
+    if (map_.size() > kMaxCachedPrimitives) {
+      map_.erase(order_.back());
+      order_.pop_back();
+    }
+    return entry;
+  }
+
+ private:
+  static CachedMatmul create(const PrimitiveKey& key) {
+    const dt wdt = static_cast<dt>(key.wdt);
+    CachedMatmul c;
+    c.src = memory::desc({key.m, key.k}, wdt, tag::ab);
+    c.weights = packed_weight_desc(key.k, key.n, wdt);
+    c.dst = memory::desc({key.m, key.n}, dt::f32, tag::ab);
+    if (key.bias) {
+      c.bias = memory::desc({1, key.n}, dt::f32, tag::ab);
+      c.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.bias, c.dst));
+    } else {
+      c.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.dst));
+    }
+    return c;
+  }
+
+  std::mutex mu_;
+  std::list<PrimitiveKey> order_;
+  std::unordered_map<PrimitiveKey, std::pair<CachedMatmul, std::list<PrimitiveKey>::iterator>, PrimitiveKeyHash>
+      map_;
+};
+
+MatmulCache& matmul_cache() {
+  static MatmulCache cache;
+  return cache;
+}
+
+// fp32 activations -> bf16 in a per-thread scratch buffer reused across calls.
+const uint16_t* to_bf16_scratch(const float* x, int64_t count) {
+  thread_local std::vector<uint16_t> scratch;
+  if (static_cast<int64_t>(scratch.size()) < count) scratch.resize(count);
+  uint16_t* out = scratch.data();
+#pragma omp parallel for simd if (count >= (1 << 16)) schedule(static)
+  for (int64_t i = 0; i < count; ++i) out[i] = fastdeploy_cpu::float_to_bf16(x[i]);
+  return out;
+}
+
+}  // namespace
+
+// weight [K, N] float32 -> packed bytes (uint8 [size of oneDNN's blocked layout]).
+std::vector<paddle::Tensor> LinearPack(const paddle::Tensor& weight, const std::string& dtype) {
+  fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
+  fastdeploy_cpu::check_dtype(weight, paddle::DataType::FLOAT32, "weight");
+  PD_CHECK(weight.shape().size() == 2, "fd_linear_pack: weight must be [K, N].");
+  const int64_t k = weight.shape()[0], n = weight.shape()[1];
+  const dt wdt = weight_type(dtype);
+  memory::desc packed_md = packed_weight_desc(k, n, wdt);
+  auto packed = paddle::empty({static_cast<int64_t>(packed_md.get_size())}, paddle::DataType::UINT8, weight.place());
+  memory src(memory::desc({k, n}, dt::f32, tag::ab), cpu_engine(), const_cast<float*>(weight.data<float>()));
+  memory dst(packed_md, cpu_engine(), packed.data());
+  dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+  cpu_stream().wait();
+  return {packed};
+}
+
+// The inverse of fd_linear_pack: packed bytes -> [K, N] float32 (exact for float32; bf16-rounded values for bf16).
+std::vector<paddle::Tensor> LinearUnpack(const paddle::Tensor& packed, int64_t k, int64_t n, const std::string& dtype) {
+  fastdeploy_cpu::check_cpu_contiguous(packed, "packed");
+  memory::desc packed_md = packed_weight_desc(k, n, weight_type(dtype));
+  PD_CHECK(packed.numel() == static_cast<int64_t>(packed_md.get_size()),
+           "fd_linear_unpack: the packed weight does not match [K, N] in " + dtype + ".");
+  auto weight = paddle::empty({k, n}, paddle::DataType::FLOAT32, packed.place());
+  memory src(packed_md, cpu_engine(), const_cast<void*>(packed.data()));
+  memory dst(memory::desc({k, n}, dt::f32, tag::ab), cpu_engine(), weight.data<float>());
+  dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+  cpu_stream().wait();
+  return {weight};
+}
+
+namespace fastdeploy_cpu {
+
+bool linear_packed_size_ok(int64_t packed_bytes, int64_t k, int64_t n, bool bf16) {
+  return packed_bytes == static_cast<int64_t>(packed_weight_desc(k, n, bf16 ? dt::bf16 : dt::f32).get_size());
+}
+
+void linear_forward(const float* x, int64_t m, int64_t k, const void* packed, const float* bias, int64_t n, bool bf16,
+                    float* out) {
+  if (m == 0) return;
+  const dt wdt = bf16 ? dt::bf16 : dt::f32;
+  // A single row runs as two (the second zero): oneDNN's M = 1 kernel splits long K
+  // differently from M >= 2, and a request's output must not depend on how many rows
+  // share its step (batch invariance). The weights are read once either way.
+  const int64_t m_exec = std::max<int64_t>(m, 2);
+  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+  thread_local std::vector<char> one_row_src;
+  thread_local std::vector<float> one_row_dst;
+  CachedMatmul mm = matmul_cache().get({m_exec, k, n, static_cast<int>(wdt), bias != nullptr});
+  const void* src_data = x;
+  if (bf16) src_data = to_bf16_scratch(x, m * k);
+  float* dst_data = out;
+  if (m == 1) {
+    one_row_src.assign(2 * k * elem, 0);
+    std::memcpy(one_row_src.data(), src_data, k * elem);
+    src_data = one_row_src.data();
+    one_row_dst.resize(2 * n);
+    dst_data = one_row_dst.data();
+  }
+  auto& eng = cpu_engine();
+  memory src(mm.src, eng, const_cast<void*>(src_data));
+  memory weights(mm.weights, eng, const_cast<void*>(packed));
+  memory dst(mm.dst, eng, dst_data);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
+  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, memory(mm.bias, eng, const_cast<float*>(bias)));
+  mm.primitive.execute(cpu_stream(), args);
+  cpu_stream().wait();
+  if (m == 1) std::memcpy(out, dst_data, n * sizeof(float));
+}
+
+}  // namespace fastdeploy_cpu
+
+// x [..., K] float32, packed weight from fd_linear_pack, optional bias [N] -> [..., N] float32.
+std::vector<paddle::Tensor> Linear(const paddle::Tensor& x, const paddle::Tensor& packed,
+                                   const paddle::optional<paddle::Tensor>& bias, int64_t n, const std::string& dtype) {
+  fastdeploy_cpu::check_cpu_contiguous(x, "x");
+  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
+  const auto& shape = x.shape();
+  PD_CHECK(!shape.empty(), "fd_linear: x must have at least one dimension.");
+  const int64_t k = shape.back();
+  const int64_t m = k ? x.numel() / k : 0;
+  const bool bf16 = weight_type(dtype) == dt::bf16;
+  std::vector<int64_t> out_shape(shape.begin(), shape.end());
+  out_shape.back() = n;
+  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  if (m == 0) return {out};
+  PD_CHECK(fastdeploy_cpu::linear_packed_size_ok(packed.numel(), k, n, bf16),
+           "fd_linear: the packed weight does not match [K, N] = [" + std::to_string(k) + ", " + std::to_string(n) +
+               "] in " + dtype + ".");
+  const float* bias_data = nullptr;
+  if (bias.is_initialized()) {
+    fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
+    PD_CHECK(bias->numel() == n, "fd_linear: bias must have N elements.");
+    bias_data = bias->data<float>();
+  }
+  fastdeploy_cpu::linear_forward(x.data<float>(), m, k, packed.data(), bias_data, n, bf16, out.data<float>());
+  return {out};
+}
+
+PD_BUILD_OP(fd_linear_pack)
+    .Inputs({"weight"})
+    .Outputs({"packed"})
+    .Attrs({"dtype: std::string"})
+    .SetKernelFn(PD_KERNEL(LinearPack));
+
+PD_BUILD_OP(fd_linear_unpack)
+    .Inputs({"packed"})
+    .Outputs({"weight"})
+    .Attrs({"k: int64_t", "n: int64_t", "dtype: std::string"})
+    .SetKernelFn(PD_KERNEL(LinearUnpack));
+
+PD_BUILD_OP(fd_linear)
+    .Inputs({"x", "packed", paddle::Optional("bias")})
+    .Outputs({"out"})
+    .Attrs({"n: int64_t", "dtype: std::string"})
+    .SetKernelFn(PD_KERNEL(Linear));

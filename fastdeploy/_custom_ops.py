@@ -1,0 +1,137 @@
+"""Python signatures of the C++ kernels in ``csrc/cpu`` (vLLM's ``_custom_ops``).
+
+Layers ask :func:`has` whether a kernel is available and otherwise take their plain
+Paddle path; the first call builds or loads the library (see :mod:`fastdeploy._C`).
+Each wrapper calls Paddle's custom-op runner directly: the generated Python API of
+``cpp_extension`` adds a mode check and a decorator per call, which a decode step
+would pay ~300 times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import paddle
+from paddle import _C_ops
+
+from fastdeploy import _C
+
+
+def _run(name: str, *args: object) -> list[paddle.Tensor]:
+    """First call: register the library, then rebind ``_run`` to Paddle's runner (no per-call check after)."""
+    global _run
+    _C.load()
+    _run = _C_ops._run_custom_op
+    return _run(name, *args)
+
+
+_disabled = False
+
+
+def has(op: str = "fd_paged_attention") -> bool:
+    """Whether the kernel ``op`` is built and registered in this process (and not :func:`disabled`)."""
+    return not _disabled and op in _C.load()
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Report every kernel as missing inside the block.
+
+    Layers decide once (when packing weights, or on their first call) and keep to it, so a
+    model loaded and run once inside the block stays on plain Paddle ops for good: an
+    in-process A/B baseline for benchmarks and tests.
+    """
+    global _disabled
+    saved, _disabled = _disabled, True
+    try:
+        yield
+    finally:
+        _disabled = saved
+
+
+def linear_pack(weight: paddle.Tensor, dtype: str) -> paddle.Tensor:
+    """Reorder a ``[K, N]`` fp32 weight into oneDNN's blocked layout in ``dtype`` ("bfloat16"/"float32"): uint8 bytes."""
+    return _run("fd_linear_pack", weight, dtype)[0]
+
+
+def linear_unpack(packed: paddle.Tensor, k: int, n: int, dtype: str) -> paddle.Tensor:
+    """The ``[K, N]`` fp32 weight back from :func:`linear_pack`'s bytes (bf16-rounded for "bfloat16")."""
+    return _run("fd_linear_unpack", packed, k, n, dtype)[0]
+
+
+def linear(x: paddle.Tensor, packed: paddle.Tensor, bias: paddle.Tensor | None, n: int, dtype: str) -> paddle.Tensor:
+    """``x [..., K] @ W (+ bias)`` -> ``[..., n]`` fp32, with ``W`` packed by :func:`linear_pack` in ``dtype``."""
+    return _run("fd_linear", x, packed, bias, n, dtype)[0]
+
+
+def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
+    """RMSNorm over the last dimension (fp32)."""
+    return _run("fd_rms_norm", x, weight, eps)[0]
+
+
+def fused_add_rms_norm(
+    x: paddle.Tensor, residual: paddle.Tensor, weight: paddle.Tensor, eps: float
+) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """In place: ``residual += x``, ``x = rms_norm(residual) * weight``; returns ``(x, residual)``."""
+    _run("fd_fused_add_rms_norm", x, residual, weight, eps)
+    return x, residual
+
+
+def silu_and_mul(x: paddle.Tensor) -> paddle.Tensor:
+    """``silu(x[..., :d]) * x[..., d:]``."""
+    return _run("fd_silu_and_mul", x)[0]
+
+
+def rope_and_cache(
+    qkv: paddle.Tensor,
+    positions: paddle.Tensor,
+    cos_sin_cache: paddle.Tensor,
+    key_cache: paddle.Tensor,
+    value_cache: paddle.Tensor,
+    slot_mapping: paddle.Tensor,
+    qk_norm_weight: paddle.Tensor | None,
+    num_heads: int,
+    is_neox: bool,
+    eps: float,
+) -> None:
+    """In place on ``qkv [T, (H + 2 KVH) D]``: optional per-head q/k RMSNorm, RoPE on q and k; k and v go to the cache."""
+    _run(
+        "fd_rope_and_cache",
+        qkv,
+        positions,
+        cos_sin_cache,
+        key_cache,
+        value_cache,
+        slot_mapping,
+        qk_norm_weight,
+        num_heads,
+        is_neox,
+        eps,
+    )
+
+
+def paged_attention(
+    query: paddle.Tensor,
+    key_cache: paddle.Tensor,
+    value_cache: paddle.Tensor,
+    block_tables: paddle.Tensor,
+    query_start_loc: paddle.Tensor,
+    seq_lens: paddle.Tensor,
+    num_heads: int,
+    scale: float,
+) -> paddle.Tensor:
+    """Causal attention of the queries (first ``H * D`` columns of ``query``) over the paged cache -> ``[T, H * D]``."""
+    return _run(
+        "fd_paged_attention", query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, num_heads, scale
+    )[0]
+
+
+def decoder_layer(hidden: paddle.Tensor, residual: paddle.Tensor, *args: object) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """One fused Llama-style decoder layer, in place on ``hidden`` and ``residual`` (and the KV caches).
+
+    ``args`` follow the op's inputs and attributes after those two (see csrc/cpu/decoder_layer.cc);
+    :meth:`fastdeploy.model_executor.models.llama.LlamaDecoderLayer.forward` assembles them.
+    """
+    _run("fd_decoder_layer", hidden, residual, *args)
+    return hidden, residual

@@ -1,0 +1,62 @@
+"""How the kernels are found, built and chosen: dtype resolution, and the plain-Paddle fallback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fastdeploy import _C
+from fastdeploy import _custom_ops as ops
+from fastdeploy.platforms.cpu import CpuPlatform
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_library_is_cached_under_a_key_of_its_inputs():
+    so = _C.ensure_built()
+    assert so is not None and so.parent == _C.build_dir()
+    assert _C.build_dir().name.startswith(f"{_C.LIB_NAME}-")
+    assert set(_C.manifest()["sources"]) >= {"attention.cc", "layernorm.cc", "pos_encoding.cc", "activation.cc"}
+
+
+@pytest.mark.skipif(not _C.cpu_has_bf16(), reason="the CPU has no AMX-BF16 / AVX512-BF16")
+def test_auto_dtype_is_bf16_with_the_kernels():
+    platform = CpuPlatform()
+    assert platform.resolve_dtype("auto") == "bfloat16"
+    assert platform.resolve_dtype("float32") == "float32"
+    with pytest.raises(ValueError, match="float16"):
+        platform.resolve_dtype("float16")
+
+
+def test_kernels_off_means_fp32_on_plain_paddle():
+    code = (
+        "from fastdeploy import _custom_ops as ops; from fastdeploy.platforms.cpu import CpuPlatform\n"
+        "p = CpuPlatform(); print(ops.has(), p.resolve_dtype('auto'))\n"
+        "try:\n    p.resolve_dtype('bfloat16')\nexcept ValueError as e:\n    print('refused:', e)\n"
+    )
+    out = _python(code, FD_CPU_KERNELS="0")
+    assert out.returncode == 0, out.stderr
+    assert "False float32" in out.stdout
+    assert "refused:" in out.stdout and "FD_CPU_KERNELS=0" in out.stdout
+
+
+def test_a_missing_compiler_falls_back_with_one_warning(tmp_path):
+    code = "from fastdeploy import _custom_ops as ops; print(ops.has(), ops.has('fd_linear'))"
+    out = _python(code, FD_CACHE_ROOT=str(tmp_path), CXX="/nonexistent/c++")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+    assert out.stderr.count("C++ kernels unavailable") == 1 and "no C++ compiler" in out.stderr
+
+
+def test_disabled_block_reports_every_kernel_missing():
+    assert ops.has()
+    with ops.disabled():
+        assert not ops.has() and not ops.has("fd_linear")
+    assert ops.has()
