@@ -26,7 +26,7 @@ from fastdeploy.metrics.loggers import PrometheusStatLogger, StatLoggerManager
 from fastdeploy.metrics.stats import IterationStats
 from fastdeploy.outputs import RequestOutput
 from fastdeploy.sampling_params import RequestOutputKind, SamplingParams
-from fastdeploy.transformers_utils.tokenizer import get_tokenizer
+from fastdeploy.transformers_utils.tokenizer import get_tokenizer_for_model
 
 logger = init_logger(__name__)
 
@@ -34,13 +34,6 @@ logger = init_logger(__name__)
 STATS_LOG_INTERVAL_S = 10.0
 
 __all__ = ["AsyncEngineArgs", "AsyncLLM", "AsyncLLMEngine", "RequestOutputCollector"]
-
-
-def load_tokenizer_for(model_config: ModelConfig):
-    """The tokenizer of the configured model (its GGUF metadata or its folder)."""
-    gguf = model_config.gguf_file if model_config.tokenizer_path == model_config.model_path else None
-    return get_tokenizer(model_config.tokenizer_path, gguf_file=gguf, trust_remote_code=model_config.trust_remote_code,
-                         revision=model_config.revision, tokenizer_mode=model_config.tokenizer_mode)
 
 
 class RequestOutputCollector:
@@ -102,7 +95,7 @@ class AsyncLLM:
         self.fd_config = fd_config
         self.model_config = fd_config.model_config
         self.log_requests = log_requests
-        self.tokenizer = load_tokenizer_for(self.model_config)
+        self.tokenizer = get_tokenizer_for_model(self.model_config)
         self.processor = Processor(self.model_config, self.tokenizer, fd_config.structured_outputs_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.collectors: dict[str, RequestOutputCollector] = {}

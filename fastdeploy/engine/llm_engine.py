@@ -13,22 +13,7 @@ from fastdeploy.engine.request import SchedulerStats
 from fastdeploy.inputs import PromptType
 from fastdeploy.outputs import RequestOutput
 from fastdeploy.sampling_params import SamplingParams
-from fastdeploy.transformers_utils.tokenizer import get_tokenizer
-
-
-def load_tokenizer(fd_config: FDConfig):
-    """The tokenizer of the configured model (its GGUF metadata or its folder); None with skip_tokenizer_init."""
-    mc = fd_config.model_config
-    if mc.skip_tokenizer_init:
-        return None
-    gguf = mc.gguf_file if mc.tokenizer_path == mc.model_path else None
-    return get_tokenizer(
-        mc.tokenizer_path,
-        gguf_file=gguf,
-        trust_remote_code=mc.trust_remote_code,
-        revision=mc.revision,
-        tokenizer_mode=mc.tokenizer_mode,
-    )
+from fastdeploy.transformers_utils.tokenizer import get_tokenizer_for_model
 
 
 class LLMEngine:
@@ -36,7 +21,7 @@ class LLMEngine:
 
     def __init__(self, fd_config: FDConfig) -> None:
         self.fd_config = fd_config
-        self.tokenizer = load_tokenizer(fd_config)
+        self.tokenizer = get_tokenizer_for_model(fd_config.model_config)
         self.processor = Processor(fd_config.model_config, self.tokenizer, fd_config.structured_outputs_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(fd_config, tokenizer=self.tokenizer)

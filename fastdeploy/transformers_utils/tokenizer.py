@@ -186,3 +186,18 @@ def get_tokenizer(
     return AutoTokenizer.from_pretrained(
         path, trust_remote_code=trust_remote_code, use_fast=tokenizer_mode != "slow", **kwargs
     )
+
+
+def get_tokenizer_for_model(model_config):
+    """The tokenizer of a configured model (GGUF metadata or its folder); None with skip_tokenizer_init."""
+    if model_config.skip_tokenizer_init:
+        return None
+    # A separate --tokenizer folder never uses the model's GGUF file.
+    gguf = model_config.gguf_file if model_config.tokenizer_path == model_config.model_path else None
+    return get_tokenizer(
+        model_config.tokenizer_path,
+        gguf_file=gguf,
+        trust_remote_code=model_config.trust_remote_code,
+        revision=model_config.revision,
+        tokenizer_mode=model_config.tokenizer_mode,
+    )

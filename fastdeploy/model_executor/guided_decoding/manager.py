@@ -102,9 +102,9 @@ class StructuredOutputManager:
 
                 tokenizer = self._tokenizer
                 if tokenizer is None:
-                    from fastdeploy.engine.llm_engine import load_tokenizer
+                    from fastdeploy.transformers_utils.tokenizer import get_tokenizer_for_model
 
-                    tokenizer = self._tokenizer = load_tokenizer(self.fd_config)
+                    tokenizer = self._tokenizer = get_tokenizer_for_model(self.fd_config.model_config)
                 if tokenizer is None:
                     raise ValueError("Structured outputs need a tokenizer (skip_tokenizer_init is set).")
                 if self.config.reasoning_parser:
