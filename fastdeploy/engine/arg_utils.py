@@ -168,7 +168,6 @@ class EngineArgs:
             "kv_transfer_config": self.kv_transfer_config is not None,
             "splitwise_role": self.splitwise_role != "mixed",
             "scheduler_name": self.scheduler_name != "local",
-            "router": self.router is not None,
         }
         for name, used in unbuilt.items():
             if used:

@@ -16,6 +16,7 @@ _SUBCOMMANDS = (
     ("fastdeploy.entrypoints.cli.openai", "CompleteCommand"),
     ("fastdeploy.entrypoints.cli.benchmark.main", "BenchmarkSubcommand"),
     ("fastdeploy.entrypoints.cli.collect_env", "CollectEnvSubcommand"),
+    ("fastdeploy.router.cli", "RouterSubcommand"),
 )
 
 

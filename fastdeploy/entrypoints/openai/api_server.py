@@ -47,6 +47,7 @@ from fastdeploy.entrypoints.openai.serving_engine import error_from_exception, e
 from fastdeploy.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
 from fastdeploy.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from fastdeploy.logger import init_logger
+from fastdeploy.router.registration import InstanceHooks
 from fastdeploy.sampling_params import ParamValidationError
 from fastdeploy.version import __version__
 
@@ -370,7 +371,13 @@ async def run_server(args: argparse.Namespace) -> int:
         logger.info("FastDeploy %s serving %s on http://%s:%d%s", __version__,
                     app.state.openai_serving_models.model_name, host, args.port,
                     f" (metrics on port {args.metrics_port})" if args.metrics_port else "")
-        await server.serve(sockets=sockets)
+        # --router: register with the router once /health answers; also serves /switch_role and /role.
+        hooks = InstanceHooks.from_args(args, app, apply_role=getattr(engine, "switch_role", None))
+        await hooks.start()
+        try:
+            await server.serve(sockets=sockets)
+        finally:
+            await hooks.stop()
     finally:
         engine.shutdown()
         for sock in sockets:

@@ -102,7 +102,6 @@ def test_bad_json_value_is_an_error(capsys):
     (["--kv-transfer-config", '{"kv_connector": "x"}'], "--kv-transfer-config"),
     (["--splitwise-role", "prefill"], "--splitwise-role"),
     (["--scheduler-name", "global"], "--scheduler-name"),
-    (["--router", "http://router:8000"], "--router"),
     (["--guided-decoding-backend", "outlines"], "outlines"),
     (["--structured-outputs-config", '{"backend": "guidance"}'], "guidance"),
 ])
