@@ -1,10 +1,26 @@
-"""Architecture name (``config.architectures``) -> model class, imported lazily."""
+"""Architecture name (``config.architectures``) -> model class, imported lazily.
+
+``model_impl`` chooses between the native classes and the PaddleFormers backend:
+
+- ``"fastdeploy"``: native only; an architecture without a native class fails with
+  "Model architectures [...] have no native FastDeploy implementation
+  (model_impl='fastdeploy'). Natively supported architectures: [...]", naming
+  the native architectures and whether PaddleFormers could run it instead;
+- ``"paddleformers"``: always PaddleFormers' class, even where a native one exists;
+- ``"auto"`` (default): native when registered, else PaddleFormers when it has the
+  architecture, else "Model architectures [...] are not supported for now. Supported
+  architectures: natively (model_impl='fastdeploy'): [...]; through PaddleFormers 1.2.0
+  (model_impl='paddleformers'): [...]" (with the reason when PaddleFormers has the
+  architecture but the backend refuses it).
+"""
 
 from __future__ import annotations
 
 import importlib
 
 from paddle import nn
+
+MODEL_IMPLS = ("auto", "fastdeploy", "paddleformers")
 
 # architecture -> (module under fastdeploy.model_executor.models, class name)
 _MODELS: dict[str, tuple[str, str]] = {
@@ -64,6 +80,55 @@ class ModelRegistry:
             f"Model architectures {list(architectures or [])} are not supported for now. "
             f"Supported architectures: {cls.get_supported_archs()}"
         )
+
+    @classmethod
+    def resolve(cls, architectures: list[str] | str | None, model_impl: str = "auto") -> type[nn.Layer]:
+        """The model class for ``architectures`` under ``model_impl`` (see the module docstring).
+
+        Raises:
+            ValueError: no implementation of the requested kind has the architecture; the
+                message lists what each implementation supports.
+        """
+        if model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {model_impl!r}.")
+        archs = [architectures] if isinstance(architectures, str) else list(architectures or [])
+        if model_impl == "paddleformers":
+            from fastdeploy.model_executor.models.paddleformers.model import pick_architecture
+
+            pick_architecture(archs)  # raises with PaddleFormers' list when it has none of them
+            return _paddleformers_model_class()
+        native = next((a for a in archs if a in cls._models), None)
+        if native is not None:
+            return cls._load(native)
+        from fastdeploy.model_executor.models import paddleformers
+
+        pf_arch = next((a for a in archs if paddleformers.find_model_class(a) is not None), None)
+        if model_impl == "auto" and pf_arch is not None:
+            return _paddleformers_model_class()
+        pf_supported = list(paddleformers.supported_architectures())
+        pf_label = f"PaddleFormers {paddleformers.paddleformers_version()} (model_impl='paddleformers')"
+        if model_impl == "fastdeploy":
+            hint = (
+                f" PaddleFormers implements {pf_arch}: use model_impl='auto' or 'paddleformers'."
+                if pf_arch is not None
+                else ""
+            )
+            raise ValueError(
+                f"Model architectures {archs} have no native FastDeploy implementation (model_impl='fastdeploy'). "
+                f"Natively supported architectures: {cls.get_supported_archs()}.{hint}"
+            )
+        raise ValueError(
+            f"Model architectures {archs} are not supported for now.{paddleformers.unsupported_reasons(archs)} "
+            "Supported architectures: "
+            f"natively (model_impl='fastdeploy'): {cls.get_supported_archs()}; "
+            f"through {pf_label}: {pf_supported or 'none (paddleformers is not installed)'}."
+        )
+
+
+def _paddleformers_model_class() -> type[nn.Layer]:
+    from fastdeploy.model_executor.models.paddleformers.model import PaddleFormersForCausalLM
+
+    return PaddleFormersForCausalLM
 
 
 def get_supported_archs() -> list[str]:
