@@ -144,6 +144,7 @@ class SamplingRequest(OpenAIBaseModel):
     user: str | None = None
     # vLLM's sampling extras.
     use_beam_search: bool = False
+    length_penalty: float = 1.0
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None

@@ -62,13 +62,17 @@ class OpenAIServingCompletion(OpenAIServing):
             return error
         if request.suffix is not None:
             return error_response("suffix is not currently supported", param="suffix")
-        if (error := self.check_unsupported(request)) is not None:
+        if (error := self.check_unsupported(request, beam_search=True)) is not None:
             return error
         request_id = f"cmpl-{self.base_request_id(raw_request, request.request_id)}"
         created = int(time.time())
         try:
             prompts = self._tokenize(request)
-            streams = await self._start(request, prompts, request_id)
+            if request.use_beam_search:
+                streams = [self._beam_search(request, p, self.engine_request_id(request_id, i))
+                           for i, p in enumerate(prompts)]
+            else:
+                streams = await self._start(request, prompts, request_id)
         except Exception as e:
             return self.create_error_response(e)
         results = merge_async_iterators(*streams)
@@ -128,6 +132,17 @@ class OpenAIServingCompletion(OpenAIServing):
             await self.engine.abort(engine_ids)
             raise
         return streams
+
+    async def _beam_search(self, request: CompletionRequest, prompt: _Prompt, engine_id: str,
+                           ) -> AsyncIterator[RequestOutput]:
+        """vLLM's use_beam_search: n beams, ranked with length_penalty; one final output."""
+        from fastdeploy.beam_search import beam_search_async, beam_search_params_from_request
+
+        params = beam_search_params_from_request(
+            request, self.max_tokens(request.max_tokens, len(prompt.token_ids)), self.default_sampling_params)
+        yield await beam_search_async(self.engine.generate, prompt.token_ids, params, engine_id,
+                                      eos_token_id=self.tokenizer.eos_token_id, tokenizer=self.tokenizer,
+                                      prompt=prompt.text)
 
     # ---- output shaping ---------------------------------------------------------------------
     def _prompt_text(self, prompt: _Prompt) -> str:

@@ -99,9 +99,9 @@ class OpenAIServing:
         return error_response(f"The model `{request.model}` does not exist.", "NotFoundError", HTTPStatus.NOT_FOUND,
                               param="model")
 
-    def check_unsupported(self, request: SamplingRequest) -> ErrorResponse | None:
+    def check_unsupported(self, request: SamplingRequest, beam_search: bool = False) -> ErrorResponse | None:
         """400 for request features this build cannot honour, rather than ignoring them silently."""
-        if request.use_beam_search:
+        if request.use_beam_search and not beam_search:
             return error_response("Beam search (`use_beam_search`) is not supported by this FastDeploy build yet.",
                                   param="use_beam_search")
         if request.priority != 0:

@@ -171,3 +171,16 @@ async def test_async_client(server):
         text = "".join([c.choices[0].text async for c in stream])
     assert completion.choices[0].text.startswith(" Paris")
     assert text == completion.choices[0].text
+
+
+def test_use_beam_search(client):
+    greedy = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    # One beam is greedy search.
+    one = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, n=1,
+                                    extra_body={"use_beam_search": True, "ignore_eos": True})
+    assert one.choices[0].text == greedy.choices[0].text
+    beams = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, n=3,
+                                      extra_body={"use_beam_search": True, "length_penalty": 1.0, "ignore_eos": True})
+    texts = [c.text for c in beams.choices]
+    assert len(texts) == 3 and len(set(texts)) == 3
