@@ -56,3 +56,20 @@ def load_into_slice(param: paddle.Tensor, array: Any, start: int, size: int, axi
     index = [slice(None)] * len(expected)
     index[axis] = slice(start, start + size)
     param[tuple(index)] = to_tensor(array, param_dtype(param))
+
+
+def check_all_loaded(params: dict[str, Any], layers: dict[str, Any], loaded: dict[str, set]) -> None:
+    """Raise when a parameter got no checkpoint tensor.
+
+    ``loaded`` maps parameter names to the shard ids written into them (None = the whole
+    tensor); a fused parameter is complete once each of its owner's ``shard_ids`` arrived.
+    """
+    missing = []
+    for name in params:
+        owner = layers.get(name.rpartition(".")[0])
+        expected = set(getattr(owner, "shard_ids", ())) or {None}
+        got = loaded.get(name, set())
+        if None not in got and not expected <= got:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"Checkpoint is missing {len(missing)} model weights, e.g. {missing[:8]}.")

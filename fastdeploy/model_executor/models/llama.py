@@ -34,7 +34,7 @@ from fastdeploy.model_executor.layers.linear import (
 from fastdeploy.model_executor.layers.logits_processor import LogitsProcessor
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
 from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from fastdeploy.model_executor.utils import load_into, load_into_slice, new_parameter
+from fastdeploy.model_executor.utils import check_all_loaded, load_into, load_into_slice, new_parameter
 
 logger = init_logger(__name__)
 
@@ -391,14 +391,5 @@ class LlamaForCausalLM(nn.Layer):
                 logger.info("No lm_head.weight in the checkpoint: tying the LM head to the embedding.")
             self.lm_head.tie_weights(self.model.embed_tokens)
             loaded["lm_head.weight"] = {None}
-        missing = []
-        for name in params:
-            owner = layers.get(name.rpartition(".")[0])
-            # A fused parameter is complete once each of its shards (or the fused tensor) was loaded.
-            expected = set(getattr(owner, "shard_ids", ())) or {None}
-            got = loaded.get(name, set())
-            if None not in got and not expected <= got:
-                missing.append(name)
-        if missing:
-            raise ValueError(f"Checkpoint is missing {len(missing)} model weights, e.g. {missing[:8]}.")
+        check_all_loaded(params, layers, loaded)
         return set(loaded)

@@ -50,7 +50,7 @@ from fastdeploy.model_executor.models.paddleformers.compat import (
 )
 from fastdeploy.model_executor.models.paddleformers.layers import LayerSwapper
 from fastdeploy.model_executor.models.paddleformers.weights import Target, WeightMapping
-from fastdeploy.model_executor.utils import load_into
+from fastdeploy.model_executor.utils import check_all_loaded, load_into
 
 logger = init_logger(__name__)
 
@@ -277,13 +277,5 @@ class PaddleFormersForCausalLM(nn.Layer):
         if "lm_head.weight" not in loaded:
             self.lm_head.tie_weights(self.model.embed_tokens)
             loaded["lm_head.weight"] = {None}
-        missing = []
-        for name in params:
-            owner = layers.get(name.rpartition(".")[0])
-            expected = set(getattr(owner, "shard_ids", ())) or {None}
-            got = loaded.get(name, set())
-            if None not in got and not expected <= got:
-                missing.append(name)
-        if missing:
-            raise ValueError(f"Checkpoint is missing {len(missing)} model weights, e.g. {missing[:8]}.")
+        check_all_loaded(params, layers, loaded)
         return set(loaded)
