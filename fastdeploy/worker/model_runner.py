@@ -33,8 +33,10 @@ _SAMPLING_EPS = 1e-5
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def _to_lists(arrays: LogprobsArrays) -> LogprobsLists:
-    return LogprobsLists(arrays.token_ids.tolist(), arrays.logprobs.tolist(), arrays.ranks.tolist())
+def _to_lists(arrays: LogprobsArrays, rows: slice = slice(None), width: int | None = None) -> LogprobsLists:
+    """Plain lists of ``rows`` of the arrays, keeping the chosen token and the first ``width - 1`` top tokens."""
+    return LogprobsLists(arrays.token_ids[rows, :width].tolist(), arrays.logprobs[rows, :width].tolist(),
+                         arrays.ranks[rows].tolist())
 
 
 class ModelRunner:
@@ -174,11 +176,7 @@ class ModelRunner:
                 if k is None:
                     continue
                 width = lp.token_ids.shape[1] if k == -1 else min(k, self.vocab_size) + 1
-                out.logprobs[req_id] = LogprobsLists(
-                    lp.token_ids[j : j + 1, :width].tolist(),
-                    lp.logprobs[j : j + 1, :width].tolist(),
-                    [int(lp.ranks[j])],
-                )
+                out.logprobs[req_id] = _to_lists(lp, slice(j, j + 1), width)
         return out
 
     def _sampling_metadata(self, req_ids: list[str], rows: np.ndarray) -> SamplingMetadata:

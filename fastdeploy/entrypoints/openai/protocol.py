@@ -280,26 +280,6 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
-class CompletionResponseChoice(OpenAIBaseModel):
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"prompt_logprobs", "prompt_token_ids", "token_ids"})
-
-    index: int
-    text: str
-    logprobs: CompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = None
-    prompt_logprobs: list[dict[int, Any] | None] | None = None
-    prompt_token_ids: list[int] | None = None
-
-
-class CompletionResponse(ResponseHead):
-    object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionResponseChoice]
-    system_fingerprint: str | None = None
-    usage: UsageInfo
-
-
 class CompletionResponseStreamChoice(OpenAIBaseModel):
     _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"prompt_token_ids", "token_ids"})
 
@@ -310,6 +290,19 @@ class CompletionResponseStreamChoice(OpenAIBaseModel):
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
     prompt_token_ids: list[int] | None = None
+
+
+class CompletionResponseChoice(CompletionResponseStreamChoice):
+    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"prompt_logprobs", "prompt_token_ids", "token_ids"})
+
+    prompt_logprobs: list[dict[int, Any] | None] | None = None
+
+
+class CompletionResponse(ResponseHead):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionResponseChoice]
+    system_fingerprint: str | None = None
+    usage: UsageInfo
 
 
 class CompletionStreamResponse(ResponseHead):
@@ -411,15 +404,21 @@ class ChatCompletionLogProbs(OpenAIBaseModel):
     content: list[ChatCompletionLogProbsContent] | None = None
 
 
-class ChatCompletionResponseChoice(OpenAIBaseModel):
+class ChatChoiceBase(OpenAIBaseModel):
+    """Fields every chat choice has, whole or streamed."""
+
     _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"token_ids"})
 
     index: int
-    message: ChatMessage
     logprobs: ChatCompletionLogProbs | None = None
-    finish_reason: str | None = "stop"
+    finish_reason: str | None = None
     stop_reason: int | str | None = None
     token_ids: list[int] | None = None
+
+
+class ChatCompletionResponseChoice(ChatChoiceBase):
+    message: ChatMessage
+    finish_reason: str | None = "stop"
 
 
 class ChatCompletionResponse(ResponseHead):
@@ -445,15 +444,8 @@ class DeltaMessage(OpenAIBaseModel):
     tool_calls: list[dict[str, Any]] | None = None
 
 
-class ChatCompletionResponseStreamChoice(OpenAIBaseModel):
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"token_ids"})
-
-    index: int
+class ChatCompletionResponseStreamChoice(ChatChoiceBase):
     delta: DeltaMessage
-    logprobs: ChatCompletionLogProbs | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    token_ids: list[int] | None = None
 
 
 class ChatCompletionStreamResponse(ResponseHead):
