@@ -252,6 +252,69 @@ class StructuredOutputsConfig:
         return "xgrammar" if self.backend == "auto" else self.backend
 
 
+# vLLM's kv_role for each FastDeploy splitwise role.
+_KV_ROLES = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "mixed"}
+
+
+@dataclass
+class KVTransferConfig:
+    """Prefill/decode disaggregation: this instance's role and its KV connector.
+
+    Built from FastDeploy's flags (``--splitwise-role``, ``--pd-comm-port``,
+    ``--cache-transfer-protocol``) or vLLM's ``--kv-transfer-config`` (``kv_role``,
+    ``kv_port``, ``kv_ip``). Any instance whose connector is up serves both halves of a
+    split request; the role tells the router which half to send it.
+    """
+
+    role: str = "mixed"
+    # Whether the engine opens a KV connector (a role other than mixed, or any PD flag).
+    enabled: bool = False
+    port: int = 0  # 0: any free port (reported back once bound)
+    host: str = "0.0.0.0"
+    advertise_host: str | None = None
+    protocol: str = "auto"  # auto (shared memory on this host, TCP otherwise), tcp or shm
+    timeout_s: float = 120.0
+    kv_connector: str | None = None
+
+    @classmethod
+    def from_flags(cls, splitwise_role: str = "mixed", kv_transfer_config: dict[str, Any] | None = None,
+                   pd_comm_port: list[int] | int | None = None, cache_transfer_protocol: str | None = None,
+                   router: str | None = None) -> KVTransferConfig:
+        """Resolve the PD flags; conflicting or unknown values are a ValueError naming the flag."""
+        kv = dict(kv_transfer_config or {})
+        role = splitwise_role or "mixed"
+        if role not in ("mixed", "prefill", "decode"):
+            raise ValueError(f"Invalid --splitwise-role {role!r}; expected mixed, prefill or decode.")
+        kv_role = kv.get("kv_role")
+        if kv_role is not None:
+            if kv_role not in _KV_ROLES:
+                raise ValueError(f"Invalid kv_role {kv_role!r} in --kv-transfer-config; expected one of "
+                                 f"{', '.join(_KV_ROLES)}.")
+            if role != "mixed" and _KV_ROLES[kv_role] != role:
+                raise ValueError(f"--splitwise-role {role} contradicts kv_role {kv_role} in --kv-transfer-config.")
+            role = _KV_ROLES[kv_role]
+        if isinstance(pd_comm_port, list | tuple):
+            pd_comm_port = pd_comm_port[0] if pd_comm_port else None
+        port = int(pd_comm_port if pd_comm_port is not None else kv.get("kv_port") or 0)
+        protocol = _connector_protocol(cache_transfer_protocol or kv.get("kv_connector_extra_config", {}).get(
+            "transfer_protocol"))
+        enabled = role != "mixed" or bool(kv) or pd_comm_port is not None or bool(router)
+        return cls(role=role, enabled=enabled, port=port, advertise_host=kv.get("kv_ip"), protocol=protocol,
+                   timeout_s=envs.kv_transfer_timeout_s(), kv_connector=kv.get("kv_connector"))
+
+
+def _connector_protocol(value: str | None) -> str:
+    """``--cache-transfer-protocol`` (FastDeploy's ipc/rdma, or shm/tcp) as the connector's protocol."""
+    if not value:
+        return "auto"
+    names = {{"ipc": "shm", "rdma": "tcp"}.get(v.strip().lower(), v.strip().lower()) for v in value.split(",")}
+    unknown = names - {"shm", "tcp"}
+    if unknown:
+        raise ValueError(f"Invalid --cache-transfer-protocol {value!r}; expected ipc, rdma, shm or tcp "
+                         "(comma-separated).")
+    return names.pop() if len(names) == 1 else "auto"
+
+
 @dataclass
 class FDConfig:
     """Everything the engine needs, resolved and validated once."""
@@ -262,7 +325,7 @@ class FDConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     load_config: LoadConfig = field(default_factory=LoadConfig)
     speculative_config: dict[str, Any] | None = None
-    kv_transfer_config: dict[str, Any] | None = None
+    kv_transfer_config: KVTransferConfig = field(default_factory=KVTransferConfig)
     # A dict (from the command line) is turned into a StructuredOutputsConfig.
     structured_outputs_config: StructuredOutputsConfig | dict[str, Any] | None = None
 

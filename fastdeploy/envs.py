@@ -7,6 +7,8 @@ FD_API_KEY              API key of the server; VLLM_API_KEY too.
 FD_DEFAULT_MODEL        path of the model used when none is given (default: the embedded SmolLM2).
 FD_CACHE_ROOT           where converted artefacts and the built C++ kernels are cached (default ~/.cache/fastdeploy).
 FD_CPU_KERNELS          "0" turns the C++ kernels (csrc/cpu) off: plain Paddle ops, float32 only (default "1").
+FD_KV_TRANSFER_TIMEOUT  seconds a prefill instance keeps a request's KV blocks for its decode instance, and a
+                        decode instance waits for them (default 120); VLLM_NIXL_ABORT_REQUEST_TIMEOUT too.
 """
 
 from __future__ import annotations
@@ -55,3 +57,14 @@ def cache_root() -> str:
 
 def cpu_kernels_enabled() -> bool:
     return _first("FD_CPU_KERNELS", default="1") not in ("0", "false", "False", "off")
+
+
+def kv_transfer_timeout_s() -> float:
+    value = _first("FD_KV_TRANSFER_TIMEOUT", "VLLM_NIXL_ABORT_REQUEST_TIMEOUT", default="120")
+    try:
+        timeout = float(value)
+    except ValueError as e:
+        raise ValueError(f"FD_KV_TRANSFER_TIMEOUT must be a number of seconds, got {value!r}.") from e
+    if timeout <= 0:
+        raise ValueError(f"FD_KV_TRANSFER_TIMEOUT must be positive, got {value!r}.")
+    return timeout

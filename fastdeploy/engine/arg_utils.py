@@ -12,6 +12,7 @@ from typing import Any
 from fastdeploy.config import (
     CacheConfig,
     FDConfig,
+    KVTransferConfig,
     LoadConfig,
     ModelConfig,
     ParallelConfig,
@@ -90,9 +91,8 @@ class EngineArgs:
     splitwise_role: str = "mixed"
     disable_log_stats: bool = False
     enable_logprob: bool = False
-    # FastDeploy's own deployment flags. The ports are accepted for compatibility with
-    # FastDeploy launch scripts; the PD / router / global-scheduler ones are only valid
-    # with features this build rejects in _reject_unbuilt.
+    # FastDeploy's own deployment flags: engine ports, PD disaggregation (KVTransferConfig),
+    # the router to register with and the global scheduler's Redis.
     engine_worker_queue_port: int | None = None
     cache_queue_port: int | None = None
     cache_transfer_protocol: str | None = None
@@ -147,7 +147,9 @@ class EngineArgs:
             parallel_config=ParallelConfig(self.tensor_parallel_size, self.data_parallel_size, self.pipeline_parallel_size),
             load_config=LoadConfig(load_format=self.load_format),
             speculative_config=self.speculative_config,
-            kv_transfer_config=self.kv_transfer_config,
+            kv_transfer_config=KVTransferConfig.from_flags(self.splitwise_role, self.kv_transfer_config,
+                                                           self.pd_comm_port, self.cache_transfer_protocol,
+                                                           self.router),
             structured_outputs_config=structured_outputs_config,
         )
 
@@ -165,8 +167,6 @@ class EngineArgs:
             "pipeline_parallel_size": self.pipeline_parallel_size != 1,
             "data_parallel_size": self.data_parallel_size != 1,
             "speculative_config": self.speculative_config is not None,
-            "kv_transfer_config": self.kv_transfer_config is not None,
-            "splitwise_role": self.splitwise_role != "mixed",
             "scheduler_name": self.scheduler_name != "local",
         }
         for name, used in unbuilt.items():

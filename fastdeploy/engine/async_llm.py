@@ -17,7 +17,7 @@ from typing import Any
 from fastdeploy.config import FDConfig, ModelConfig
 from fastdeploy.engine.arg_utils import AsyncEngineArgs
 from fastdeploy.engine.core_client import EngineCoreClient
-from fastdeploy.engine.exceptions import EngineDeadError
+from fastdeploy.engine.exceptions import EngineDeadError, EngineGenerateError
 from fastdeploy.engine.output_processor import OutputProcessor, ParentRequest
 from fastdeploy.engine.processor import Processor
 from fastdeploy.inputs import PromptType
@@ -280,7 +280,11 @@ class AsyncLLM:
                     if state is not None:
                         stats.observe_output(eco, state, step_start)
                         states.append(state)
-                request_outputs, to_abort = processor.process_outputs(outputs)
+                request_outputs, to_abort, failed = processor.process_outputs(outputs)
+                for request_id, error in failed.items():
+                    collector = self.collectors.pop(request_id, None)
+                    if collector is not None:
+                        collector.put(EngineGenerateError(error))
                 for output in request_outputs:
                     collector = self.collectors.get(output.request_id)
                     if collector is None:

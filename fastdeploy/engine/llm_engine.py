@@ -7,6 +7,7 @@ import time
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.arg_utils import EngineArgs
 from fastdeploy.engine.core import EngineCore
+from fastdeploy.engine.exceptions import EngineGenerateError
 from fastdeploy.engine.output_processor import OutputProcessor, ParentRequest
 from fastdeploy.engine.processor import Processor
 from fastdeploy.engine.request import SchedulerStats
@@ -78,9 +79,12 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = self.engine_core.step()
         self.last_stats = outputs.scheduler_stats
-        request_outputs, to_abort = self.output_processor.process_outputs(outputs)
+        request_outputs, to_abort, failed = self.output_processor.process_outputs(outputs)
         if to_abort:
             self.engine_core.abort_requests(to_abort)
+        if failed:
+            request_id, error = next(iter(failed.items()))
+            raise EngineGenerateError(f"Request {request_id} failed: {error}")
         return request_outputs
 
     def has_unfinished_requests(self) -> bool:

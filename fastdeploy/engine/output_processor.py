@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from fastdeploy.engine.detokenizer import IncrementalDetokenizer, TokenStringCache
 from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists
@@ -38,6 +39,16 @@ class ParentRequest:
         if sp.seed is not None:
             child.seed = sp.seed + index
         return child
+
+
+class ProcessedOutputs(NamedTuple):
+    """What one step's engine outputs became in the front end."""
+
+    request_outputs: list[RequestOutput]
+    # Engine requests to abort in the core (a stop string ended them here).
+    to_abort: list[str]
+    # Caller request id -> error, for requests that failed inside the engine.
+    failed: dict[str, str]
 
 
 class RequestState:
@@ -82,6 +93,7 @@ class RequestState:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0
+        self.kv_transfer_params: dict | None = None
         self.metrics = RequestMetrics(arrival_time=arrival_time)
 
     @property
@@ -109,6 +121,8 @@ class RequestState:
             self.metrics.first_token_time = now
         self.metrics.last_token_time = now
         self.num_cached_tokens = eco.num_cached_tokens
+        if eco.kv_transfer_params is not None:
+            self.kv_transfer_params = eco.kv_transfer_params
         self.token_ids.extend(eco.new_token_ids)
         if eco.new_logprobs is not None and self.logprobs is not None:
             dicts = self._logprob_dicts(eco.new_logprobs)
@@ -210,13 +224,20 @@ class OutputProcessor:
                     engine_ids.append(rid)
         return engine_ids
 
-    def process_outputs(self, engine_outputs: EngineCoreOutputs) -> tuple[list[RequestOutput], list[str]]:
-        """Apply a step's outputs; returns the RequestOutputs to hand out and the ids to abort in the core."""
+    def process_outputs(self, engine_outputs: EngineCoreOutputs) -> ProcessedOutputs:
+        """Apply a step's outputs: the RequestOutputs to hand out, the ids to abort, the failures."""
         request_outputs: list[RequestOutput] = []
         to_abort: list[str] = []
+        failed: dict[str, str] = {}
         for eco in engine_outputs.outputs:
             state = self.request_states.get(eco.request_id)
             if state is None:  # aborted meanwhile
+                continue
+            if eco.error is not None:
+                # The whole request fails (all of its n children): its caller gets the error.
+                caller_id = state.parent.request_id if state.parent is not None else eco.request_id
+                failed[caller_id] = eco.error
+                to_abort.extend(rid for rid in self.abort_requests([caller_id]) if rid != eco.request_id)
                 continue
             if state.update(eco):
                 to_abort.append(eco.request_id)
@@ -225,7 +246,7 @@ class OutputProcessor:
                 del self.request_states[eco.request_id]
             if out is not None:
                 request_outputs.append(out)
-        return request_outputs, to_abort
+        return ProcessedOutputs(request_outputs, to_abort, failed)
 
     def _make_request_output(self, state: RequestState) -> RequestOutput | None:
         if state.output_kind == RequestOutputKind.FINAL_ONLY and not state.finished:
@@ -270,4 +291,5 @@ class OutputProcessor:
             finished=finished,
             metrics=state.metrics,
             num_cached_tokens=state.num_cached_tokens,
+            kv_transfer_params=state.kv_transfer_params,
         )

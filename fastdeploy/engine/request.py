@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -60,6 +60,11 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
+    # Disaggregated serving: what the prefill side hands to the decode side (vLLM's field).
+    kv_transfer_params: dict[str, Any] | None = None
+    # Set when the request failed inside a running engine (KV transfer, global scheduler):
+    # the front end raises it to this request's caller alone.
+    error: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -76,6 +81,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # KV-transfer events since the last stats: ("ok", direction, protocol, bytes, blocks, seconds)
+    # or ("failed", direction, protocol, 0, 0, 0.0).
+    kv_transfer_events: list[tuple[str, str, str, int, int, float]] = []
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -90,11 +98,13 @@ class RequestStatus(enum.IntEnum):
     WAITING = 0
     # Waiting for its structured-output grammar to compile; not schedulable yet.
     WAITING_FOR_FSM = 1
-    RUNNING = 2
-    PREEMPTED = 3
-    FINISHED_STOPPED = 4
-    FINISHED_LENGTH_CAPPED = 5
-    FINISHED_ABORTED = 6
+    # Disaggregated decode: blocks allocated, the prompt's KV cache still on its way.
+    WAITING_FOR_REMOTE_KVS = 2
+    RUNNING = 3
+    PREEMPTED = 4
+    FINISHED_STOPPED = 5
+    FINISHED_LENGTH_CAPPED = 6
+    FINISHED_ABORTED = 7
 
     def is_finished(self) -> bool:
         return self >= RequestStatus.FINISHED_STOPPED
@@ -134,6 +144,13 @@ class Request:
         self.stop_token_ids = frozenset(sp.stop_token_ids or ())
         # Set by the StructuredOutputManager when the request carries a constraint.
         self.structured_output_request: StructuredOutputRequest | None = None
+        # Disaggregated serving (vLLM's ``kv_transfer_params``, carried in sampling_params.extra_args).
+        self.kv_transfer_params: dict[str, Any] | None = (sp.extra_args or {}).get("kv_transfer_params") or None
+        params = self.kv_transfer_params or {}
+        # Prefill half: keep the KV blocks after the first token and hand them to a decode instance.
+        self.do_remote_decode = bool(params.get("do_remote_decode"))
+        # Decode half: the prompt's KV comes from a prefill instance; cleared once it has arrived.
+        self.do_remote_prefill = bool(params.get("do_remote_prefill"))
 
     @property
     def use_structured_output(self) -> bool:

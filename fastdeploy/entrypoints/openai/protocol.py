@@ -172,6 +172,8 @@ class SamplingRequest(OpenAIBaseModel):
     request_id: str = Field(default_factory=random_uuid)
     return_tokens_as_token_ids: bool | None = None
     return_token_ids: bool | None = None
+    # Disaggregated serving (vLLM's field): set by a router or a vLLM disaggregation proxy.
+    kv_transfer_params: dict[str, Any] | None = None
 
     _DEFAULT_SAMPLING_PARAMS: ClassVar[dict[str, float]] = {
         "repetition_penalty": 1.0,
@@ -230,6 +232,7 @@ class SamplingRequest(OpenAIBaseModel):
             logit_bias=self.logit_bias,
             allowed_token_ids=self.allowed_token_ids,
             structured_outputs=structured_outputs,
+            extra_args={"kv_transfer_params": self.kv_transfer_params} if self.kv_transfer_params else None,
         )
 
 
@@ -303,6 +306,7 @@ class CompletionResponse(ResponseHead):
     choices: list[CompletionResponseChoice]
     system_fingerprint: str | None = None
     usage: UsageInfo
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class CompletionStreamResponse(ResponseHead):
@@ -430,6 +434,7 @@ class ChatCompletionResponse(ResponseHead):
     usage: UsageInfo
     prompt_logprobs: list[dict[int, Any] | None] | None = None
     prompt_token_ids: list[int] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):

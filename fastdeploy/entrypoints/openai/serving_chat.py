@@ -243,6 +243,7 @@ class OpenAIServingChat(OpenAIServing):
             prompt_logprobs=(jsonable_prompt_logprobs(res.prompt_logprobs)
                              if request.prompt_logprobs is not None else None),
             prompt_token_ids=res.prompt_token_ids if request.return_token_ids else None,
+            kv_transfer_params=res.kv_transfer_params,
         )
 
     def _chunk(self, request_id: str, created: int, choice: ChatCompletionResponseStreamChoice,

@@ -214,8 +214,10 @@ class OpenAIServingCompletion(OpenAIServing):
                 ))
                 num_generated += len(generated.token_ids)
             num_prompt += len(prompt.token_ids)
+        kv_params = final[0].kv_transfer_params if len(final) == 1 and final[0] is not None else None
         return CompletionResponse(id=request_id, created=created, model=self.models.model_name, choices=choices,
-                                  usage=self.usage(num_prompt, num_generated, num_cached))
+                                  usage=self.usage(num_prompt, num_generated, num_cached),
+                                  kv_transfer_params=kv_params)
 
     async def _stream(self, request: CompletionRequest, prompts: list[_Prompt],
                       results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,

@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Request
 
 from fastdeploy.engine.async_llm import AsyncLLM
-from fastdeploy.engine.exceptions import EngineDeadError
+from fastdeploy.engine.exceptions import EngineDeadError, EngineGenerateError
 from fastdeploy.entrypoints.openai.protocol import (
     ErrorInfo,
     ErrorResponse,
@@ -56,7 +56,7 @@ def error_from_exception(exc: BaseException) -> ErrorResponse:
         return error_response(str(exc))
     if isinstance(exc, NotImplementedError):
         return error_response(str(exc), "NotImplementedError", HTTPStatus.NOT_IMPLEMENTED)
-    if not isinstance(exc, EngineDeadError):
+    if not isinstance(exc, (EngineDeadError, EngineGenerateError)):
         logger.exception("Internal error while serving a request.", exc_info=exc)
     return error_response(str(exc) or type(exc).__name__, "InternalServerError", HTTPStatus.INTERNAL_SERVER_ERROR)
 
