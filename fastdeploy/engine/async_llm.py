@@ -96,7 +96,8 @@ class AsyncLLM:
         self.model_config = fd_config.model_config
         self.log_requests = log_requests
         self.tokenizer = get_tokenizer_for_model(self.model_config)
-        self.processor = Processor(self.model_config, self.tokenizer, fd_config.structured_outputs_config)
+        self.processor = Processor(self.model_config, self.tokenizer, fd_config.structured_outputs_config,
+                                   fd_config.kv_transfer_config.enabled)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.collectors: dict[str, RequestOutputCollector] = {}
         self._dead_listeners: list[Callable[[EngineDeadError], None]] = []
@@ -171,6 +172,13 @@ class AsyncLLM:
     async def reset_prefix_cache(self) -> bool:
         return bool(await self.engine_core.call_utility_async("reset_prefix_cache"))
 
+    async def switch_role(self, role: str) -> None:
+        """Change the engine's disaggregation role (the server drains its requests first)."""
+        try:
+            await self.engine_core.call_utility_async("switch_role", role)
+        except RuntimeError as e:
+            raise ValueError(str(e).split(": ", 1)[-1]) from None
+
     # ---- requests -------------------------------------------------------------------------
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams, *,
                           priority: int = 0, arrival_time: float | None = None) -> RequestOutputCollector:
@@ -186,6 +194,7 @@ class AsyncLLM:
         if request_id in self.collectors:
             raise ValueError(f"Request id {request_id} already running.")
         arrival_time = arrival_time or time.time()
+        self.processor.validate_kv_transfer_params(params)
         prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
         collector = RequestOutputCollector(params.output_kind)
         sent: list[str] = []

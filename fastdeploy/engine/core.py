@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.request import EngineCoreOutputs, EngineCoreRequest, Request, RequestStatus
@@ -12,10 +12,16 @@ from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.guided_decoding.manager import StructuredOutputManager
 from fastdeploy.worker.worker import Worker
 
+if TYPE_CHECKING:
+    from fastdeploy.distributed.kv_transfer.pd_engine import PDKVTransfer
+
 logger = init_logger(__name__)
 
 # Longest sleep of an idle step whose only requests wait for their grammars.
 _GRAMMAR_WAIT_S = 0.05
+# Longest sleep of an idle step waiting for a KV cache, and between checks of handed-over blocks.
+_KV_WAIT_S = 0.05
+_KV_RELEASE_POLL_S = 0.02
 
 
 class EngineCore:
@@ -48,8 +54,10 @@ class EngineCore:
                 "--kv-cache-memory-bytes (or FD_CPU_KVCACHE_SPACE) or decreasing `max_model_len`."
             )
         self.structured_output_manager = StructuredOutputManager(fd_config, tokenizer)
+        self.kv_transfer = self._start_kv_transfer()
         self.scheduler = Scheduler(
-            fd_config.scheduler_config, cache, mc.max_model_len, structured_output_manager=self.structured_output_manager
+            fd_config.scheduler_config, cache, mc.max_model_len, structured_output_manager=self.structured_output_manager,
+            kv_transfer=self.kv_transfer,
         )
         logger.info(
             "Engine ready in %.1f s: %d KV blocks of %d tokens (%.2f GiB), max_model_len=%d, max_num_seqs=%d, "
@@ -62,6 +70,39 @@ class EngineCore:
             fd_config.scheduler_config.max_num_seqs,
             fd_config.scheduler_config.max_num_batched_tokens,
         )
+
+    def _start_kv_transfer(self) -> PDKVTransfer | None:
+        """The KV connector of a disaggregated instance, bound before the engine reports ready."""
+        config = self.fd_config.kv_transfer_config
+        if not config.enabled:
+            return None
+        from fastdeploy.distributed.kv_transfer.metrics import KVTransferMetrics
+        from fastdeploy.distributed.kv_transfer.pd_engine import PDKVTransfer
+        from fastdeploy.distributed.kv_transfer.utils import numpy_kv_caches
+
+        pd = PDKVTransfer(numpy_kv_caches(self.worker.model_runner.kv_caches), config.host, config.port,
+                          advertise_host=config.advertise_host, protocol=config.protocol, timeout_s=config.timeout_s,
+                          metrics=KVTransferMetrics(keep_events=True))
+        config.port = pd.address.port
+        logger.info("KV transfer: %s instance, connector on %s:%d (protocol %s).", config.role, pd.address.host,
+                    pd.address.port, config.protocol)
+        return pd
+
+    def switch_role(self, role: str) -> str:
+        """Change the disaggregation role (the router decides what each role gets); returns the old one."""
+        config = self.fd_config.kv_transfer_config
+        if role not in ("mixed", "prefill", "decode"):
+            raise ValueError(f"Invalid role {role!r}; expected mixed, prefill or decode.")
+        if role != "mixed" and self.kv_transfer is None:
+            raise ValueError("This instance runs without a KV connector, so it cannot become a prefill or decode "
+                             "instance; start it with --splitwise-role, --pd-comm-port or --router.")
+        old, config.role = config.role, role
+        logger.info("Role switched from %s to %s.", old, role)
+        return old
+
+    def shutdown(self) -> None:
+        if self.kv_transfer is not None:
+            self.kv_transfer.close()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request, self.fd_config.model_config.max_model_len))
@@ -82,6 +123,9 @@ class EngineCore:
             waiting = self.scheduler.requests_waiting_for_grammar()
             if waiting:
                 self.structured_output_manager.wait_for_any(waiting, timeout=_GRAMMAR_WAIT_S)
+            elif self.kv_transfer is not None and self.scheduler.has_pending_kv_transfers():
+                # Wakes as soon as a KV cache arrives; held prefill blocks are only checked now and then.
+                self.kv_transfer.wait(_KV_WAIT_S if self.scheduler.waiting_for_kv else _KV_RELEASE_POLL_S)
         runner_output = self.worker.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
 

@@ -116,6 +116,8 @@ class EngineCoreClient:
             ready_reader.close()
         if self.ready_info.get("num_blocks"):
             fd_config.cache_config.num_blocks = self.ready_info["num_blocks"]
+        if self.ready_info.get("kv_transfer_port"):
+            fd_config.kv_transfer_config.port = self.ready_info["kv_transfer_port"]
         self._watcher = threading.Thread(target=self._watch_process, name="EngineCoreWatcher", daemon=True)
         self._watcher.start()
 

@@ -49,7 +49,7 @@ class UtilityResult(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 # Methods of EngineCore the API process may call remotely.
-UTILITY_METHODS = frozenset({"reset_prefix_cache", "ping"})
+UTILITY_METHODS = frozenset({"reset_prefix_cache", "ping", "switch_role"})
 
 _FLOAT = struct.Struct("<d")
 

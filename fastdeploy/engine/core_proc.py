@@ -82,7 +82,8 @@ class EngineCoreProc:
                 ready_conn.send({"status": "FAILED", "error": f"{type(e).__name__}: {e}"})
                 raise
             proc = EngineCoreProc(core, input_address, output_address, parent_pid)
-            ready_conn.send({"status": "READY", "num_blocks": fd_config.cache_config.num_blocks})
+            ready_conn.send({"status": "READY", "num_blocks": fd_config.cache_config.num_blocks,
+                             "kv_transfer_port": fd_config.kv_transfer_config.port})
             ready_conn.close()
             proc.run_busy_loop()
         except SystemExit:
@@ -134,7 +135,7 @@ class EngineCoreProc:
             except Exception as e:
                 # Reject this request alone; the engine keeps serving the others.
                 logger.error("Request %s rejected by the engine: %s", request.request_id, e)
-                rejected = EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT)
+                rejected = EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT, error=str(e))
                 self._send_outputs(EngineCoreOutputs(outputs=[rejected], timestamp=time.time()), time.time())
         elif kind == EngineCoreRequestType.ABORT.value:
             core.abort_requests(abort_decoder.decode(payload))
@@ -169,6 +170,9 @@ class EngineCoreProc:
             pass
 
     def close(self) -> None:
+        shutdown = getattr(self.engine_core, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
         self.input_socket.close(linger=0)
         self.output_socket.close()
         self.ctx.term()

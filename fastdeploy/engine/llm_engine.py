@@ -23,7 +23,8 @@ class LLMEngine:
     def __init__(self, fd_config: FDConfig) -> None:
         self.fd_config = fd_config
         self.tokenizer = get_tokenizer_for_model(fd_config.model_config)
-        self.processor = Processor(fd_config.model_config, self.tokenizer, fd_config.structured_outputs_config)
+        self.processor = Processor(fd_config.model_config, self.tokenizer, fd_config.structured_outputs_config,
+                                   fd_config.kv_transfer_config.enabled)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(fd_config, tokenizer=self.tokenizer)
         self.last_stats: SchedulerStats | None = None
@@ -45,6 +46,7 @@ class LLMEngine:
     ) -> None:
         """Validate and queue a request (fanned out into n children when n > 1)."""
         arrival_time = arrival_time or time.time()
+        self.processor.validate_kv_transfer_params(params)
         prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
         if params.n == 1:
             self._add(request_id, prompt_text, prompt_ids, params, arrival_time, priority)

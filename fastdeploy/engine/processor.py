@@ -9,16 +9,18 @@ from typing import Any
 from fastdeploy.config import ModelConfig, StructuredOutputsConfig
 from fastdeploy.engine.request import EngineCoreRequest
 from fastdeploy.inputs import PromptType
-from fastdeploy.sampling_params import SamplingParams
+from fastdeploy.sampling_params import ParamValidationError, SamplingParams
 
 
 class Processor:
     """Tokenizes prompts and validates requests before they reach the engine core."""
 
     def __init__(
-        self, model_config: ModelConfig, tokenizer, structured_outputs_config: StructuredOutputsConfig | None = None
+        self, model_config: ModelConfig, tokenizer, structured_outputs_config: StructuredOutputsConfig | None = None,
+        kv_transfer_enabled: bool = False,
     ) -> None:
         self.model_config = model_config
+        self.kv_transfer_enabled = kv_transfer_enabled
         self.tokenizer = tokenizer
         self.structured_outputs_config = structured_outputs_config or StructuredOutputsConfig()
         self.generation_config = model_config.get_generation_config()
@@ -110,6 +112,23 @@ class Processor:
         else:
             params.verify_token_ids(self.model_config.vocab_size)
         return params
+
+    def validate_kv_transfer_params(self, params: SamplingParams) -> None:
+        """Check vLLM's ``kv_transfer_params`` (before n > 1 fans a request out)."""
+        kv = (params.extra_args or {}).get("kv_transfer_params")
+        if kv is None:
+            return
+        if not isinstance(kv, dict):
+            raise ParamValidationError("kv_transfer_params must be an object.", parameter="kv_transfer_params")
+        if not (kv.get("do_remote_decode") or kv.get("do_remote_prefill")):
+            return
+        if not self.kv_transfer_enabled:
+            raise ParamValidationError(
+                "kv_transfer_params asks for a remote prefill or decode, but this instance runs without KV transfer "
+                "(start it with --splitwise-role or --kv-transfer-config).", parameter="kv_transfer_params")
+        if params.n != 1:
+            raise ParamValidationError("kv_transfer_params needs n=1: one sequence per KV hand-over.",
+                                       parameter="kv_transfer_params")
 
     def _validate_structured_outputs(self, params: SamplingParams) -> None:
         """Reject a constraint the backend cannot enforce here, so the engine only ever sees valid ones."""

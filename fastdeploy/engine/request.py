@@ -151,6 +151,9 @@ class Request:
         self.do_remote_decode = bool(params.get("do_remote_decode"))
         # Decode half: the prompt's KV comes from a prefill instance; cleared once it has arrived.
         self.do_remote_prefill = bool(params.get("do_remote_prefill"))
+        if self.do_remote_decode:
+            # The prefill half ends at its first token, whatever max_tokens said.
+            self.max_tokens = min(self.max_tokens, 1)
 
     @property
     def use_structured_output(self) -> bool:

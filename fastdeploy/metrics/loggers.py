@@ -19,6 +19,7 @@ from prometheus_client import (
     process_collector,
 )
 
+from fastdeploy.distributed.kv_transfer.metrics import KVTransferMetrics
 from fastdeploy.engine.request import SchedulerStats
 from fastdeploy.logger import init_logger
 from fastdeploy.metrics.stats import IterationStats
@@ -115,6 +116,8 @@ class PrometheusStatLogger:
                          [*cache_info, "engine"], registry=self.registry)
             info.labels(*cache_info.values(), "0").set(1)
         self._last_preemptions = 0
+        # fastdeploy:kv_transfer_* (disaggregated serving), fed by the engine's transfer events.
+        self.kv_transfer = KVTransferMetrics(registry=self.registry)
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         """Apply one step's scheduler figures and iteration stats."""
@@ -130,6 +133,8 @@ class PrometheusStatLogger:
             if new_preemptions > 0:
                 self.preemptions.inc(new_preemptions)
             self._last_preemptions = scheduler_stats.num_preemptions
+            if scheduler_stats.kv_transfer_events:
+                self.kv_transfer.apply_events(scheduler_stats.kv_transfer_events)
         if iteration_stats is None:
             return
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)

@@ -65,12 +65,16 @@ def pd_supported(body: dict[str, Any]) -> bool:
     """Whether a request can be split over a pair (one sequence, at least one token to decode).
 
     Several sequences (n > 1, best_of, a batch of prompts) would need several KV handoffs in one
-    request, and ``max_tokens=0`` (prompt scoring) has nothing to decode; those are served whole
-    by one instance instead.
+    request, ``max_tokens=0`` (prompt scoring) has nothing to decode, and prompt logprobs (or
+    echo) need the whole prompt computed on the answering instance; those are served whole by
+    one instance instead.
     """
     if int(body.get("n") or 1) != 1 or int(body.get("best_of") or 1) != 1:
         return False
     if body.get("max_tokens") == 0:
+        return False
+    if body.get("echo") or body.get("prompt_logprobs") is not None:
+        # Prompt logprobs need every prompt position computed where the answer is made.
         return False
     prompt = body.get("prompt")
     return not (isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt)

@@ -204,7 +204,10 @@ class RoleController:
                 await asyncio.sleep(0.05)
             old_role = self.role
             if new_role is not old_role and self.apply_role is not None:
-                await self.apply_role(new_role.value)
+                try:
+                    await self.apply_role(new_role.value)
+                except ValueError as e:
+                    return _error(str(e), 400, "BadRequestError")
             self.role = new_role
             if self.registration is not None:
                 self.registration.info["role"] = new_role.value

@@ -9,7 +9,7 @@ from fake_engine_core import POISON_TOKEN
 
 from fastdeploy.engine.arg_utils import AsyncEngineArgs
 from fastdeploy.engine.async_llm import AsyncLLM
-from fastdeploy.engine.exceptions import EngineDeadError
+from fastdeploy.engine.exceptions import EngineDeadError, EngineGenerateError
 from fastdeploy.sampling_params import RequestOutputKind, SamplingParams
 
 FAKE_CORE = "fake_engine_core.FakeEngineCore"
@@ -81,14 +81,15 @@ async def test_generate_abort_utility_and_death(fd_config):
         await _settle(llm, lambda: _used_blocks(llm) == 0 and not llm.collectors)
         assert llm.stat_loggers.prometheus.request_success["abort"]._value.get() == 1
 
-        # A duplicate id is refused; a request the engine rejects ends with "abort".
+        # A duplicate id is refused; a request the engine rejects fails alone, with the engine's reason.
         collector = await llm.add_request("d", prompt, SamplingParams(max_tokens=50))
         with pytest.raises(ValueError, match="already running"):
             await llm.add_request("d", prompt, SamplingParams(max_tokens=1))
         await llm.abort("d")
         assert collector.get_nowait() is None
-        outs = [o async for o in llm.generate({"prompt_token_ids": [POISON_TOKEN, 1]}, SamplingParams(), "e")]
-        assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+        with pytest.raises(EngineGenerateError, match="poisoned request"):
+            _ = [o async for o in llm.generate({"prompt_token_ids": [POISON_TOKEN, 1]}, SamplingParams(), "e")]
+        assert "e" not in llm.collectors and not llm.output_processor.request_states
 
         assert await llm.reset_prefix_cache() is True
         await llm.check_health()

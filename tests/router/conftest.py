@@ -11,6 +11,8 @@ import httpx
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+# The real-server helper of the OpenAI end-to-end tests (tests/router/real_server.py builds on it).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "entrypoints", "openai"))
 
 from fake_llm_instance import FakeInstance, ServerThread  # noqa: E402
 

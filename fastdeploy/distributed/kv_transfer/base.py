@@ -311,6 +311,12 @@ class ZmqKVConnector(KVConnectorBase):
             self._finished, self._failed = {}, {}
         return finished, failed
 
+    def wait_any(self, timeout_s: float) -> None:
+        """Block up to ``timeout_s`` unless a transfer has finished or failed (for an idle engine loop)."""
+        with self._lock:
+            if not (self._finished or self._failed):
+                self._lock.wait(timeout_s)
+
     def _timeout_error(self, entry: _Expected) -> KVTransferTimeout:
         got = f"{entry.received} of {len(entry.block_ids) * len(self.kv_caches)} block-layers"
         return KVTransferTimeout(f"KV cache of {entry.request_id} not received in time ({got}); is the sending "

@@ -30,8 +30,12 @@ class KVTransferMetrics:
     failures: Counter = field(default_factory=Counter)
     seconds: Counter = field(default_factory=Counter)
 
+    # Keep every record as an event for drain_events() (the engine ships them to the API process).
+    keep_events: bool = False
+
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self._events: list[tuple[str, str, str, int, int, float]] = []
         self._prom = None
         if self.registry is not None:
             labels = ["direction", "protocol"]
@@ -60,6 +64,8 @@ class KVTransferMetrics:
             self.blocks[key] += num_blocks
             self.requests[key] += 1
             self.seconds[key] += seconds
+            if self.keep_events:
+                self._events.append(("ok", direction, protocol, int(num_bytes), int(num_blocks), float(seconds)))
         if self._prom is not None:
             self._prom["bytes"].labels(*key).inc(num_bytes)
             self._prom["blocks"].labels(*key).inc(num_blocks)
@@ -70,6 +76,8 @@ class KVTransferMetrics:
         key = (direction, protocol)
         with self._lock:
             self.failures[key] += 1
+            if self.keep_events:
+                self._events.append(("failed", direction, protocol, 0, 0, 0.0))
         if self._prom is not None:
             self._prom["failures"].labels(*key).inc()
 
@@ -78,3 +86,17 @@ class KVTransferMetrics:
         counter: Counter = getattr(self, name)
         with self._lock:
             return sum(v for (d, _), v in counter.items() if direction is None or d == direction)
+
+    def drain_events(self) -> list[tuple[str, str, str, int, int, float]]:
+        """Records since the last call: ("ok"|"failed", direction, protocol, bytes, blocks, seconds)."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def apply_events(self, events: list[tuple[str, str, str, int, int, float]]) -> None:
+        """Replay another process's drained events into these counters."""
+        for outcome, direction, protocol, num_bytes, num_blocks, seconds in events:
+            if outcome == "ok":
+                self.record_transfer(direction, protocol, num_bytes, num_blocks, seconds)
+            else:
+                self.record_failure(direction, protocol)

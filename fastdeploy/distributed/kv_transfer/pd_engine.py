@@ -47,6 +47,10 @@ class PDKVTransfer:
                  metrics: KVTransferMetrics | None = None) -> None:
         self._lock = threading.Lock()
         self._releasable: list[tuple[str, bool, str | None]] = []
+        # Decode side, concurrent protocol: the prefill pushes under the router's request id, which
+        # differs from this engine's id for the request; connector key -> engine request id.
+        self._engine_ids: dict[str, str] = {}
+        self._keys: dict[str, str] = {}
         self.connector: ZmqKVConnector = create_kv_connector(
             kv_caches, host, port, protocol=protocol, advertise_host=advertise_host, timeout_s=timeout_s,
             metrics=metrics, on_publish_done=self._on_sent)
@@ -92,7 +96,9 @@ class PDKVTransfer:
     def on_decode_allocated(self, request_id: str, block_ids: Sequence[int], params: dict[str, Any]) -> None:
         """Start receiving the request's KV into its freshly allocated blocks."""
         if params.get("mode") == CONCURRENT:
-            self.connector.expect(request_id, list(block_ids))  # the prefill instance pushes
+            key = str(params.get("remote_request_id") or request_id)
+            self._engine_ids[key], self._keys[request_id] = request_id, key
+            self.connector.expect(key, list(block_ids))  # the prefill instance pushes
         else:
             self.connector.request_pull(_peer(params), request_id, list(block_ids),
                                         remote_request_id=params.get("remote_request_id"))
@@ -100,11 +106,23 @@ class PDKVTransfer:
     def take_received(self) -> tuple[dict[str, dict[str, Any]], dict[str, KVTransferError]]:
         """Requests whose KV arrived (with the prefill's metadata) and those whose transfer failed."""
         finished, failed = self.connector.poll()
-        return {rid: result.meta for rid, result in finished.items()}, failed
+        return ({self._engine_id(key): result.meta for key, result in finished.items()},
+                {self._engine_id(key): error for key, error in failed.items()})
+
+    def _engine_id(self, key: str) -> str:
+        request_id = self._engine_ids.pop(key, key)
+        self._keys.pop(request_id, None)
+        return request_id
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s``, waking early when a transfer into this engine ends."""
+        self.connector.wait_any(timeout_s)
 
     # ---- both --------------------------------------------------------------------------------
     def abort(self, request_id: str) -> None:
-        self.connector.abort(request_id)
+        key = self._keys.pop(request_id, request_id)
+        self._engine_ids.pop(key, None)
+        self.connector.abort(key)
 
     def close(self) -> None:
         self.connector.close()

@@ -53,9 +53,14 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None,
+        cache: bool = True,
     ) -> list[KVCacheBlock] | None:
-        """Give the request room for ``num_new_tokens`` more tokens; None when the pool is short."""
+        """Give the request room for ``num_new_tokens`` more tokens; None when the pool is short.
+
+        ``cache=False`` keeps the new blocks out of the prefix cache for now: their content
+        arrives later (from a prefill instance), and another request must not share them before.
+        """
         new_computed_blocks = new_computed_blocks or []
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
@@ -71,7 +76,7 @@ class KVCacheManager:
         blocks.extend(new_computed_blocks)
         new_blocks = self.block_pool.get_new_blocks(max(num_new_blocks, 0))
         blocks.extend(new_blocks)
-        if self.enable_caching:
+        if self.enable_caching and cache:
             self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
         return new_blocks
 

@@ -3,6 +3,17 @@
 Each step mixes decodes and (chunked) prefills. When the KV pool runs dry the
 most recently admitted running request is preempted (its blocks freed, to be
 recomputed later).
+
+Disaggregated serving (requests carrying vLLM's ``kv_transfer_params``):
+
+- prefill half (``do_remote_decode``): after its first token the request finishes, but its
+  blocks are held and handed to the KV connector; they are freed once the decode instance
+  has them (or the hand-over failed or expired).
+- decode half (``do_remote_prefill``): blocks for the prompt are allocated and the request
+  waits (WAITING_FOR_REMOTE_KVS) until the prompt's KV cache has arrived; then it joins the
+  waiting queue with all but the last prompt token computed. Recomputing that one token
+  gives the first token's logits here, so sampling (seed, logprobs, grammar) is exactly a
+  mixed instance's.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from fastdeploy.logger import init_logger
 from fastdeploy.worker.model_runner_output import ModelRunnerOutput
 
 if TYPE_CHECKING:
+    from fastdeploy.distributed.kv_transfer.pd_engine import PDKVTransfer
     from fastdeploy.model_executor.guided_decoding.manager import StructuredOutputManager
 
 logger = init_logger(__name__)
@@ -42,6 +54,7 @@ class Scheduler:
         cache_config: CacheConfig,
         max_model_len: int,
         structured_output_manager: StructuredOutputManager | None = None,
+        kv_transfer: PDKVTransfer | None = None,
     ) -> None:
         self.config = scheduler_config
         self.structured_output_manager = structured_output_manager
@@ -58,11 +71,20 @@ class Scheduler:
         # Requests the runner still holds state for but must drop at the next step.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0
-        # Outputs of requests that ended without running (a grammar that failed to compile).
+        # Outputs of requests that ended without running (a grammar that failed to compile, a
+        # KV transfer that failed).
         self._orphan_outputs: list[EngineCoreOutput] = []
+        self.kv_transfer = kv_transfer
+        # Decode half: requests whose prompt KV is on its way, by id.
+        self.waiting_for_kv: dict[str, Request] = {}
+        # Prefill half: finished requests whose blocks the connector still hands over, by id.
+        self.held_for_transfer: dict[str, Request] = {}
 
     # ---- request lifecycle -------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        if (request.do_remote_decode or request.do_remote_prefill) and self.kv_transfer is None:
+            raise ValueError(f"Request {request.request_id} carries kv_transfer_params, but this instance runs "
+                             "without KV transfer (start it with --splitwise-role or --kv-transfer-config).")
         if request.sampling_params.structured_outputs is not None:
             if self.structured_output_manager is None:
                 raise ValueError("Structured outputs need the scheduler's StructuredOutputManager.")
@@ -81,6 +103,10 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
+            elif request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                del self.waiting_for_kv[req_id]
+                assert self.kv_transfer is not None
+                self.kv_transfer.abort(req_id)
             else:
                 self.waiting.remove(request)
             request.status = status
@@ -94,13 +120,19 @@ class Scheduler:
         del self.requests[request.request_id]
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting or self.running)
+        # Held blocks keep the loop stepping too: someone has to free them once handed over.
+        return bool(self.waiting or self.running or self.waiting_for_kv or self.held_for_transfer)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.waiting_for_kv)
+
+    def has_pending_kv_transfers(self) -> bool:
+        return bool(self.waiting_for_kv or self.held_for_transfer)
 
     # ---- scheduling --------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
+        if self.kv_transfer is not None:
+            self._poll_kv_transfers()
         budget = self.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
         new_reqs: list[NewRequestData] = []
@@ -143,7 +175,19 @@ class Scheduler:
                 if not request.is_finished():
                     not_ready.append(request)
                 continue
-            computed_blocks, num_computed = kv.get_computed_blocks(request)
+            if request.do_remote_prefill:
+                # Blocks now, data later: no token budget is used until the KV cache arrives.
+                if len(self.running) + len(self.waiting_for_kv) >= self.max_num_seqs:
+                    break
+                if not self._start_remote_prefill(request):
+                    break
+                self.waiting.popleft()
+                continue
+            if request.num_computed_tokens > 0:
+                # The prompt's KV came from a prefill instance into blocks it already holds.
+                computed_blocks, num_computed = [], request.num_computed_tokens
+            else:
+                computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_computed
             if not self.enable_chunked_prefill and num_new > budget:
                 break
@@ -219,6 +263,74 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         return True
 
+    # ---- disaggregated serving ------------------------------------------------------------
+    def _start_remote_prefill(self, request: Request) -> bool:
+        """Allocate the prompt's blocks and start receiving its KV; False when the pool is short."""
+        assert self.kv_transfer is not None
+        kv = self.kv_cache_manager
+        if kv.allocate_slots(request, request.num_prompt_tokens, cache=False) is None:
+            return False
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.waiting_for_kv[request.request_id] = request
+        try:
+            self.kv_transfer.on_decode_allocated(request.request_id, kv.get_block_ids(request.request_id),
+                                                 request.kv_transfer_params or {})
+        except Exception as e:
+            self._fail_remote_prefill(request, e)
+        return True
+
+    def _fail_remote_prefill(self, request: Request, error: BaseException | str) -> None:
+        del self.waiting_for_kv[request.request_id]
+        logger.warning("KV cache of request %s did not arrive: %s", request.request_id, error)
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._free_request(request)
+        self._orphan_outputs.append(EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT,
+                                                     error=f"KV cache transfer from the prefill instance failed: "
+                                                           f"{error}"))
+
+    def _poll_kv_transfers(self) -> None:
+        """Free handed-over blocks; move requests whose KV arrived to the head of the queue."""
+        assert self.kv_transfer is not None
+        for request_id, _, _ in self.kv_transfer.take_releasable():
+            held = self.held_for_transfer.pop(request_id, None)
+            if held is not None:
+                self.kv_cache_manager.free(held)
+        done, failed = self.kv_transfer.take_received()
+        for request_id, error in failed.items():
+            if (request := self.waiting_for_kv.get(request_id)) is not None:
+                self._fail_remote_prefill(request, error)
+        for request_id in done:
+            request = self.waiting_for_kv.pop(request_id, None)
+            if request is None:
+                continue
+            request.do_remote_prefill = False
+            # All but the last prompt token: recomputing it here samples the first token.
+            request.num_computed_tokens = request.num_prompt_tokens - 1
+            request.num_cached_tokens = 0
+            request.status = RequestStatus.WAITING_FOR_FSM if request.use_structured_output else RequestStatus.WAITING
+            self.waiting.appendleft(request)
+
+    def _hand_over_kv(self, request: Request) -> tuple[dict | None, str | None]:
+        """Prefill half done: hold its prompt blocks for the decode instance; (params, error)."""
+        assert self.kv_transfer is not None
+        kv = self.kv_cache_manager
+        num_blocks = -(-request.num_prompt_tokens // kv.block_size)
+        block_ids = kv.get_block_ids(request.request_id)[:num_blocks]
+        # The runner forgets the request now; only its blocks stay until handed over.
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+        try:
+            params = self.kv_transfer.on_prefill_done(request.request_id, block_ids,
+                                                      request.all_token_ids[request.num_prompt_tokens],
+                                                      request.kv_transfer_params or {},
+                                                      num_tokens=request.num_prompt_tokens)
+        except Exception as e:
+            kv.free(request)
+            logger.warning("Cannot hand the KV cache of %s over: %s", request.request_id, e)
+            return None, f"KV cache hand-over to the decode instance failed: {e}"
+        self.held_for_transfer[request.request_id] = request
+        return params, None
+
     def requests_waiting_for_grammar(self) -> list[Request]:
         """Waiting requests whose grammar is still compiling."""
         return [r for r in self.waiting if r.status == RequestStatus.WAITING_FOR_FSM]
@@ -263,6 +375,13 @@ class Scheduler:
             else:
                 self._check_stop(request)
             logprobs: LogprobsLists | None = runner_output.logprobs.get(req_id)
+            kv_params = error = None
+            if request.is_finished():
+                self.running.remove(request)
+                if request.do_remote_decode and self.kv_transfer is not None:
+                    kv_params, error = self._hand_over_kv(request)
+                else:
+                    self._free_request(request)
             outputs.append(
                 EngineCoreOutput(
                     req_id,
@@ -272,11 +391,10 @@ class Scheduler:
                     finish_reason=request.get_finish_reason(),
                     stop_reason=request.stop_reason,
                     num_cached_tokens=request.num_cached_tokens,
+                    kv_transfer_params=kv_params,
+                    error=error,
                 )
             )
-            if request.is_finished():
-                self.running.remove(request)
-                self._free_request(request)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
     def _check_stop(self, request: Request) -> None:
@@ -297,12 +415,14 @@ class Scheduler:
         queries, hits = self.kv_cache_manager.take_prefix_cache_stats()
         return SchedulerStats(
             num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
+            num_waiting_reqs=len(self.waiting) + len(self.waiting_for_kv),
             kv_cache_usage=self.kv_cache_manager.usage,
             num_used_blocks=self.kv_cache_manager.num_used_blocks,
             prefix_cache_queries=queries,
             prefix_cache_hits=hits,
             num_preemptions=self.num_preemptions,
+            kv_transfer_events=(self.kv_transfer.connector.metrics.drain_events()
+                                if self.kv_transfer is not None else []),
         )
 
     def reset_prefix_cache(self) -> bool:

@@ -371,8 +371,12 @@ async def run_server(args: argparse.Namespace) -> int:
         logger.info("FastDeploy %s serving %s on http://%s:%d%s", __version__,
                     app.state.openai_serving_models.model_name, host, args.port,
                     f" (metrics on port {args.metrics_port})" if args.metrics_port else "")
+        kv_config = engine.fd_config.kv_transfer_config
+        if kv_config.enabled and not args.pd_comm_port:
+            # The connector took a free port: that is the one to register with the router.
+            args.pd_comm_port = [kv_config.port]
         # --router: register with the router once /health answers; also serves /switch_role and /role.
-        hooks = InstanceHooks.from_args(args, app, apply_role=getattr(engine, "switch_role", None))
+        hooks = InstanceHooks.from_args(args, app, apply_role=engine.switch_role)
         await hooks.start()
         try:
             await server.serve(sockets=sockets)

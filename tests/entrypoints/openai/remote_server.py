@@ -29,7 +29,7 @@ class RemoteOpenAIServer:
     """``python -m fastdeploy.entrypoints.openai.api_server`` in a subprocess, ready once /health is 200."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None, api_key: str | None = None,
-                 timeout_s: float = 240, cli: bool = False) -> None:
+                 timeout_s: float = 240, cli: bool = False, wait: bool = True) -> None:
         self.port = get_open_port()
         self.api_key = api_key
         self.log = tempfile.NamedTemporaryFile("w+", prefix="fd-server-", suffix=".log", delete=False)
@@ -38,9 +38,11 @@ class RemoteOpenAIServer:
         cmd = [sys.executable, "-m", *entry, *args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=self.log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_for_health(timeout_s)
+        # wait=False lets a test start several servers first (they load their models side by side).
+        if wait:
+            self.wait_for_health(timeout_s)
 
-    def _wait_for_health(self, timeout_s: float) -> None:
+    def wait_for_health(self, timeout_s: float = 240) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -87,6 +89,18 @@ class RemoteOpenAIServer:
                     child.cmdline()):
                 return child.pid
         raise RuntimeError(f"No engine process among {[c.cmdline() for c in children]}")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Value of ``name`` on this server's /metrics (0 when the series does not exist yet)."""
+        try:
+            return metric_value(httpx.get(self.url_for("metrics"), timeout=30).text, name, **labels)
+        except KeyError:
+            return 0.0
+
+    def kill(self) -> None:
+        """SIGKILL the server and its engine process: a crash, not a shutdown."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
