@@ -153,6 +153,14 @@ class SchedulerConfig:
     max_model_len: int = 0
     scheduler_name: str = "local"
     policy: str = "fcfs"
+    # --scheduler-name global: the Redis the instances share and the topic that groups them
+    # (None: GlobalSchedulerConfig's defaults).
+    scheduler_host: str | None = None
+    scheduler_port: int | None = None
+    scheduler_topic: str | None = None
+    scheduler_db: int | None = None
+    scheduler_password: str | None = None
+    scheduler_ttl: int | None = None
 
     def finalize(self, max_model_len: int) -> None:
         self.max_model_len = max_model_len

@@ -101,6 +101,9 @@ class EngineArgs:
     scheduler_host: str | None = None
     scheduler_port: int | None = None
     scheduler_topic: str | None = None
+    scheduler_db: int | None = None
+    scheduler_password: str | None = None
+    scheduler_ttl: int | None = None
     # vLLM's legacy spelling of structured_outputs_config["backend"].
     guided_decoding_backend: str | None = None
 
@@ -139,6 +142,12 @@ class EngineArgs:
             max_num_batched_tokens=self.max_num_batched_tokens,
             enable_chunked_prefill=True if self.enable_chunked_prefill is None else self.enable_chunked_prefill,
             scheduler_name=self.scheduler_name,
+            scheduler_host=self.scheduler_host,
+            scheduler_port=self.scheduler_port,
+            scheduler_topic=self.scheduler_topic,
+            scheduler_db=self.scheduler_db,
+            scheduler_password=self.scheduler_password,
+            scheduler_ttl=self.scheduler_ttl,
         )
         return FDConfig(
             model_config=model_config,
@@ -167,7 +176,8 @@ class EngineArgs:
             "pipeline_parallel_size": self.pipeline_parallel_size != 1,
             "data_parallel_size": self.data_parallel_size != 1,
             "speculative_config": self.speculative_config is not None,
-            "scheduler_name": self.scheduler_name != "local",
+            # PD goes through the router (--splitwise-role); FastDeploy's splitwise scheduler is not built.
+            "scheduler_name": self.scheduler_name == "splitwise",
         }
         for name, used in unbuilt.items():
             if used:

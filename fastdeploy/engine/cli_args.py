@@ -73,10 +73,15 @@ def _scheduler_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="Split long prefills across steps (default on).")
     g.add_argument("--scheduler-name", type=str, default="local", choices=["local", "global", "splitwise"],
-                   help="FastDeploy scheduler.")
+                   help="FastDeploy scheduler: local, or global (instances share a request queue in Redis).")
     g.add_argument("--scheduler-host", type=str, default=None, help="Redis host of the global scheduler.")
     g.add_argument("--scheduler-port", type=int, default=None, help="Redis port of the global scheduler.")
-    g.add_argument("--scheduler-topic", type=str, default=None, help="Topic of the global scheduler.")
+    g.add_argument("--scheduler-topic", type=str, default=None,
+                   help="Topic of the global scheduler: instances with the same topic share their work.")
+    g.add_argument("--scheduler-db", type=int, default=None, help="Redis database of the global scheduler.")
+    g.add_argument("--scheduler-password", type=str, default=None, help="Redis password of the global scheduler.")
+    g.add_argument("--scheduler-ttl", type=int, default=None,
+                   help="Seconds the global scheduler's queues and results live in Redis untouched (default 900).")
 
 
 def _parallel_group(parser: argparse.ArgumentParser) -> None:

@@ -30,8 +30,9 @@ from fastdeploy.engine.core_messages import (
     request_decoder,
     utility_call_decoder,
 )
-from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from fastdeploy.logger import init_logger
+from fastdeploy.scheduler.engine_bridge import BridgeMessage, CoreEndpoint, GlobalSchedulerBridge
 
 logger = init_logger(__name__)
 
@@ -48,7 +49,8 @@ def _load_class(path: str) -> type:
 class EngineCoreProc:
     """Runs ``engine_core`` in a busy loop: drain requests, step while there is work, push outputs."""
 
-    def __init__(self, engine_core: Any, input_address: str, output_address: str, parent_pid: int) -> None:
+    def __init__(self, engine_core: Any, input_address: str, output_address: str, parent_pid: int,
+                 bridge: GlobalSchedulerBridge | None = None) -> None:
         self.engine_core = engine_core
         self.parent_pid = parent_pid
         self.ctx = zmq.Context(io_threads=1)
@@ -61,6 +63,12 @@ class EngineCoreProc:
         self.output_socket.connect(output_address)
         self.poller = zmq.Poller()
         self.poller.register(self.input_socket, zmq.POLLIN)
+        # --scheduler-name global: requests go through Redis (the bridge) before they reach the core.
+        self.bridge = bridge
+        self.bridge_end: CoreEndpoint | None = None
+        if bridge is not None:
+            self.bridge_end = bridge.start(self.ctx, output_address)
+            self.poller.register(self.bridge_end.socket, zmq.POLLIN)
         # Set when an abort or a utility call changed the KV usage while nothing runs, so one
         # stats-only output still tells the API process (e.g. "no blocks in use").
         self._stats_dirty = False
@@ -74,14 +82,19 @@ class EngineCoreProc:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, _raise_system_exit)
         proc: EngineCoreProc | None = None
+        bridge: GlobalSchedulerBridge | None = None
         exit_code = 0
         try:
             try:
+                # Before the model loads, so an unreachable Redis fails the start at once.
+                bridge = GlobalSchedulerBridge.from_config(fd_config)
                 core = _load_class(engine_core_cls or DEFAULT_ENGINE_CORE_CLS)(fd_config)
             except BaseException as e:
+                if bridge is not None:
+                    bridge.close()
                 ready_conn.send({"status": "FAILED", "error": f"{type(e).__name__}: {e}"})
                 raise
-            proc = EngineCoreProc(core, input_address, output_address, parent_pid)
+            proc = EngineCoreProc(core, input_address, output_address, parent_pid, bridge)
             ready_conn.send({"status": "READY", "num_blocks": fd_config.cache_config.num_blocks,
                              "kv_transfer_port": fd_config.kv_transfer_config.port})
             ready_conn.close()
@@ -123,27 +136,56 @@ class EngineCoreProc:
             try:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                break
             self._handle_request(frames[0].bytes, frames[1].buffer)
+        if self.bridge_end is not None:
+            self._process_bridge_queue()
 
     def _handle_request(self, kind: bytes, payload: memoryview) -> None:
         core = self.engine_core
         if kind == EngineCoreRequestType.ADD.value:
-            request = request_decoder.decode(payload)
-            try:
-                core.add_request(request)
-            except Exception as e:
-                # Reject this request alone; the engine keeps serving the others.
-                logger.error("Request %s rejected by the engine: %s", request.request_id, e)
-                rejected = EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT, error=str(e))
-                self._send_outputs(EngineCoreOutputs(outputs=[rejected], timestamp=time.time()), time.time())
+            if self.bridge_end is not None:
+                self.bridge_end.submit(payload)  # into Redis; it comes back when this instance takes it
+            else:
+                self._add_request(request_decoder.decode(payload))
         elif kind == EngineCoreRequestType.ABORT.value:
-            core.abort_requests(abort_decoder.decode(payload))
+            request_ids = abort_decoder.decode(payload)
+            core.abort_requests(request_ids)
+            if self.bridge_end is not None:
+                self.bridge_end.aborted(request_ids)
             self._stats_dirty = True
         elif kind == EngineCoreRequestType.UTILITY.value:
             self._handle_utility(utility_call_decoder.decode(payload))
         else:
             logger.error("Unknown request type %r ignored.", kind)
+
+    def _add_request(self, request: EngineCoreRequest) -> None:
+        try:
+            self.engine_core.add_request(request)
+        except Exception as e:
+            # Reject this request alone; the engine keeps serving the others.
+            logger.error("Request %s rejected by the engine: %s", request.request_id, e)
+            rejected = EngineCoreOutput(request.request_id, [], finish_reason=FinishReason.ABORT, error=str(e))
+            self._send_outputs(EngineCoreOutputs(outputs=[rejected], timestamp=time.time()), time.time())
+
+    def _process_bridge_queue(self) -> None:
+        """Requests the global scheduler hands this core to run, and ones to drop."""
+        endpoint = self.bridge_end
+        while True:
+            try:
+                frames = endpoint.socket.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            kind = frames[0].bytes
+            if kind == BridgeMessage.RUN.value:
+                request = request_decoder.decode(frames[1].buffer)
+                endpoint.taken(request.request_id, stolen=frames[2].bytes == b"1")
+                self._add_request(request)
+            elif kind == BridgeMessage.CANCEL.value:
+                request_ids = abort_decoder.decode(frames[1].buffer)
+                self.engine_core.abort_requests(request_ids)
+                endpoint.cancelled(request_ids)
+                self._stats_dirty = True
 
     def _handle_utility(self, call: UtilityCall) -> None:
         result = UtilityResult(call.call_id)
@@ -157,6 +199,8 @@ class EngineCoreProc:
         self.output_socket.send_multipart((EngineCoreOutputType.UTILITY.value, encoder.encode(result)), copy=False)
 
     def _send_outputs(self, outputs: EngineCoreOutputs, step_start: float) -> None:
+        if self.bridge_end is not None:
+            outputs = self.bridge_end.route(outputs, step_start)
         self.output_socket.send_multipart(
             (EngineCoreOutputType.OUTPUTS.value, encoder.encode(outputs), pack_time(step_start)), copy=False
         )
@@ -173,9 +217,16 @@ class EngineCoreProc:
         shutdown = getattr(self.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()
+        # A bridge thread stuck in a Redis call keeps its sockets: then the context is not
+        # terminated (that would wait for it); the process is exiting anyway.
+        terminate = True
+        if self.bridge is not None:
+            terminate = self.bridge.close()
+            self.bridge_end.close()
         self.input_socket.close(linger=0)
         self.output_socket.close()
-        self.ctx.term()
+        if terminate:
+            self.ctx.term()
 
 
 def _raise_system_exit(signum: int, frame: Any) -> None:

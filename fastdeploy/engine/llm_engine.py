@@ -21,6 +21,10 @@ class LLMEngine:
     """Tokenize -> engine core step -> detokenize, all in the calling process."""
 
     def __init__(self, fd_config: FDConfig) -> None:
+        if fd_config.scheduler_config.scheduler_name == "global":
+            # The global scheduler lives in the engine core process of a server; this engine has none.
+            raise ValueError("--scheduler-name global shares requests between served instances (fastdeploy serve); "
+                             "the offline LLM runs its requests in-process.")
         self.fd_config = fd_config
         self.tokenizer = get_tokenizer_for_model(fd_config.model_config)
         self.processor = Processor(fd_config.model_config, self.tokenizer, fd_config.structured_outputs_config,

@@ -84,6 +84,10 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     # KV-transfer events since the last stats: ("ok", direction, protocol, bytes, blocks, seconds)
     # or ("failed", direction, protocol, 0, 0, 0.0).
     kv_transfer_events: list[tuple[str, str, str, int, int, float]] = []
+    # --scheduler-name global: requests this engine took from the shared queue since the last
+    # stats, submitted to this instance (own) or stolen from another instance's queue.
+    num_global_own_reqs: int = 0
+    num_global_stolen_reqs: int = 0
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):

@@ -87,6 +87,11 @@ class PrometheusStatLogger:
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           [*labels, "finished_reason"], registry=self.registry)
         self.request_success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
+        taken = Counter("fastdeploy:global_scheduler_requests_taken",
+                        "Requests this engine took from the global scheduler's queues and ran, by source "
+                        "(own: submitted to this instance; stolen: from another instance's queue).",
+                        [*labels, "source"], registry=self.registry)
+        self.global_taken = {source: taken.labels(*values, source) for source in ("own", "stolen")}
         token_buckets = build_1_2_5_buckets(max_model_len)
         self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
                                                token_buckets)
@@ -135,6 +140,8 @@ class PrometheusStatLogger:
             self._last_preemptions = scheduler_stats.num_preemptions
             if scheduler_stats.kv_transfer_events:
                 self.kv_transfer.apply_events(scheduler_stats.kv_transfer_events)
+            self.global_taken["own"].inc(scheduler_stats.num_global_own_reqs)
+            self.global_taken["stolen"].inc(scheduler_stats.num_global_stolen_reqs)
         if iteration_stats is None:
             return
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)

@@ -5,7 +5,8 @@ Each instance (``name``) has, under ``fd:sched:<topic>:``,
 - ``req:<name>``   a list: requests submitted to it and not yet taken by any instance;
 - ``res:<name>``   a list: results for its requests that other instances computed;
 - ``alive:<name>`` a key that expires unless its heartbeat refreshes it;
-- ``load``         a sorted set shared by all: instance -> its load (running + waiting).
+- ``load``         a sorted set shared by all: instance -> its load (running + waiting);
+- ``abort:<name>:<request_id>`` set when the instance's caller gave up on a request that may run elsewhere.
 
 An instance takes work from its own queue first. When that is empty it steals from the
 most loaded live instances' queues (the list pop is atomic, so no request runs twice), runs
@@ -156,13 +157,20 @@ class GlobalScheduler:
         self._call(pipe.execute)
 
     def _heartbeat_loop(self) -> None:
+        failing = False
         while not self._closed.wait(self.config.heartbeat_interval_s):
             try:
                 self._beat()
                 self._drop_dead_instances()
-                self.last_error = None
             except SchedulerConnectionError as e:
-                logger.error("%s", e)
+                if not failing:  # once per outage, not every beat
+                    logger.error("Global scheduler heartbeat failed: %s", e)
+                failing = True
+                continue
+            if failing:
+                logger.info("Global scheduler heartbeat restored.")
+            failing = False
+            self.last_error = None
 
     def _drop_dead_instances(self) -> None:
         """Forget instances whose heartbeat expired: their queued requests have no one to answer to."""
@@ -270,6 +278,7 @@ class GlobalScheduler:
     def put_results(self, results: list[ScheduledResult]) -> None:
         """Results of requests run here: to the local caller, or to the submitting instance."""
         remote: dict[str, list[bytes]] = defaultdict(list)
+        delivered: list[str] = []
         with self._lock:
             for result in results:
                 origin = self._stolen.get(result.request_id)
@@ -277,8 +286,8 @@ class GlobalScheduler:
                     self._local_results[result.request_id].append(result)
                 else:
                     remote[origin].append(_encode(dataclasses.asdict(result)))
-                if result.finished:
-                    self._stolen.pop(result.request_id, None)
+                    if result.finished:
+                        delivered.append(result.request_id)
         if remote:
             pipe = self._redis.pipeline(transaction=False)
             for origin, items in remote.items():
@@ -286,6 +295,10 @@ class GlobalScheduler:
                 pipe.rpush(key, *items)
                 pipe.expire(key, self.config.ttl)
             self._call(pipe.execute)
+        # Forgotten only once sent: a caller may retry a final result Redis did not take.
+        with self._lock:
+            for request_id in delivered:
+                self._stolen.pop(request_id, None)
 
     def get_results(self, timeout_s: float = 0.0) -> dict[str, list[ScheduledResult]]:
         """Results for requests submitted here (computed here or elsewhere), by request id."""
@@ -309,6 +322,37 @@ class GlobalScheduler:
                 if any(r.finished for r in items):
                     self._pending.pop(request_id, None)
         return dict(out)
+
+    # ---- aborts -------------------------------------------------------------------------------
+    def abort(self, request_ids: list[str]) -> None:
+        """Mark requests submitted here as aborted by their caller: whoever takes or runs them drops them."""
+        if not request_ids:
+            return
+        self.forget(request_ids)
+        pipe = self._redis.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.set(self._key("abort", f"{self.name}:{request_id}"), 1, ex=self.config.ttl)
+        self._call(pipe.execute)
+
+    def aborted(self, origins: dict[str, str]) -> set[str]:
+        """Which of these requests (request_id -> origin instance) their origin aborted."""
+        if not origins:
+            return set()
+        ids = list(origins)
+        marks = self._call(self._redis.mget, [self._key("abort", f"{origins[i]}:{i}") for i in ids])
+        return {request_id for request_id, mark in zip(ids, marks, strict=True) if mark is not None}
+
+    def forget(self, request_ids: list[str]) -> None:
+        """Drop the bookkeeping of requests that ended outside ``put_results``/``get_results``.
+
+        E.g. requests submitted here that ran here (their outputs never crossed Redis), failed or
+        were aborted, and stolen requests whose origin gave up on them.
+        """
+        with self._lock:
+            for request_id in request_ids:
+                self._pending.pop(request_id, None)
+                self._stolen.pop(request_id, None)
+                self._local_results.pop(request_id, None)
 
     def pending(self) -> int:
         """Requests submitted here whose final result has not arrived yet."""

@@ -99,9 +99,7 @@ def test_bad_json_value_is_an_error(capsys):
     (["-tp", "2"], "--tensor-parallel-size"),
     (["-dp", "2"], "--data-parallel-size"),
     (["--speculative-config", '{"method": "ngram"}'], "--speculative-config"),
-    (["--kv-transfer-config", '{"kv_connector": "x"}'], "--kv-transfer-config"),
-    (["--splitwise-role", "prefill"], "--splitwise-role"),
-    (["--scheduler-name", "global"], "--scheduler-name"),
+    (["--scheduler-name", "splitwise"], "--scheduler-name"),
     (["--guided-decoding-backend", "outlines"], "outlines"),
     (["--structured-outputs-config", '{"backend": "guidance"}'], "guidance"),
 ])
@@ -109,6 +107,30 @@ def test_unbuilt_engine_features_are_rejected_by_name(argv, flag):
     engine_args = AsyncEngineArgs.from_cli_args(parse(*argv))
     with pytest.raises(ValueError, match=flag):
         engine_args.create_engine_config()
+
+
+def test_pd_flags_reach_the_kv_transfer_config():
+    config = AsyncEngineArgs.from_cli_args(parse(
+        "--splitwise-role", "prefill", "--pd-comm-port", "7100", "--cache-transfer-protocol", "rdma",
+    )).create_engine_config().kv_transfer_config
+    assert (config.role, config.enabled, config.port, config.protocol) == ("prefill", True, 7100, "tcp")
+    config = AsyncEngineArgs.from_cli_args(parse(
+        "--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}',
+    )).create_engine_config().kv_transfer_config
+    assert (config.role, config.enabled, config.kv_connector) == ("decode", True, "NixlConnector")
+    with pytest.raises(ValueError, match="kv_role"):
+        AsyncEngineArgs.from_cli_args(parse("--kv-transfer-config", '{"kv_role": "kv_sideways"}')
+                                      ).create_engine_config()
+
+
+def test_global_scheduler_flags_reach_the_scheduler_config():
+    engine_args = AsyncEngineArgs.from_cli_args(parse(
+        "--scheduler-name", "global", "--scheduler-host", "redis.internal", "--scheduler-port", "6380",
+        "--scheduler-topic", "demo", "--scheduler-db", "2", "--scheduler-password", "pw", "--scheduler-ttl", "60"))
+    sc = engine_args.create_engine_config().scheduler_config
+    assert (sc.scheduler_name, sc.scheduler_host, sc.scheduler_port, sc.scheduler_topic) == \
+        ("global", "redis.internal", 6380, "demo")
+    assert (sc.scheduler_db, sc.scheduler_password, sc.scheduler_ttl) == (2, "pw", 60)
 
 
 @pytest.mark.parametrize(("argv", "flag"), [
