@@ -17,10 +17,48 @@
 #include <algorithm>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "cpu_utils.h"
 #include "kernels.h"
 
 namespace {
+
+#if defined(__AVX512F__)
+// Head dim 64 on AVX-512, the common decode case: the same per-element arithmetic order as the
+// generic loops (scores summed over d in order, P @ V over keys in order), with the key
+// transpose done by register shuffles and the accumulators kept in registers. Every row of
+// every tile takes this path, so batch invariance is kept.
+
+// dst[j][i] = src[i][j] for a 16 x 16 fp32 block.
+inline void transpose16x16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * src_stride);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int h = 0; h < 16; h += 8) {
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * dst_stride, r[i]);
+}
+#endif
 
 constexpr int64_t kKeyTile = 16;    // keys per score tile: one 512-bit vector of fp32 scores
 constexpr int64_t kRowGroup = 4;    // query rows sharing each key load in the score loop
@@ -56,7 +94,8 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
     std::vector<float> q_rows(max_rows * head_dim), acc(max_rows * head_dim);
     std::vector<float> row_max(max_rows), row_sum(max_rows);
     std::vector<int64_t> row_pos(max_rows);
-    std::vector<float> keys_t(head_dim * kKeyTile), values(kKeyTile * head_dim), probs(max_rows * kKeyTile);
+    std::vector<float> keys_t(head_dim * kKeyTile), key_rows(kKeyTile * head_dim), values(kKeyTile * head_dim);
+    std::vector<float> probs(max_rows * kKeyTile);
 
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < num_items; ++it) {
@@ -91,30 +130,64 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
 
       for (int64_t key0 = 0; key0 <= last_pos; key0 += kKeyTile) {
         const int64_t num_keys = std::min(kKeyTile, last_pos + 1 - key0);
-        // Gather this tile's keys (transposed, [D][16]) and values ([16][D]) through the block table.
+        // Gather this tile's keys and values ([16][D]) through the block table, converting whole
+        // rows (vectorized), then transpose the keys to [D][16] in one pass: a strided read per
+        // lane is far cheaper than a scalar scatter of every key.
         for (int64_t k = 0; k < num_keys; ++k) {
           const int64_t pos = key0 + k;
           const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
           const int64_t offset = (slot * num_kv_heads + item.kv_head) * head_dim;
-          float* v = values.data() + k * head_dim;
-          fastdeploy_cpu::load_row(key_cache + offset, v, head_dim);  // staged here, then transposed
-          for (int64_t d = 0; d < head_dim; ++d) keys_t[d * kKeyTile + k] = v[d];
-          fastdeploy_cpu::load_row(value_cache + offset, v, head_dim);
+          fastdeploy_cpu::load_row(key_cache + offset, key_rows.data() + k * head_dim, head_dim);
+          fastdeploy_cpu::load_row(value_cache + offset, values.data() + k * head_dim, head_dim);
         }
-        for (int64_t k = num_keys; k < kKeyTile; ++k)  // finite zeros in the unused lanes
-          for (int64_t d = 0; d < head_dim; ++d) keys_t[d * kKeyTile + k] = 0.0f;
+        // Finite zeros in the unused lanes.
+        std::fill(key_rows.begin() + num_keys * head_dim, key_rows.end(), 0.0f);
+#if defined(__AVX512F__)
+        if constexpr (kHeadDim == 64) {
+          for (int64_t c = 0; c < 64; c += 16)
+            transpose16x16(key_rows.data() + c, 64, keys_t.data() + c * kKeyTile, kKeyTile);
+        } else
+#endif
+        {
+          for (int64_t d = 0; d < head_dim; ++d) {
+            const float* column = key_rows.data() + d;
+            float* kd = keys_t.data() + d * kKeyTile;
+#pragma omp simd
+            for (int64_t k = 0; k < kKeyTile; ++k) kd[k] = column[k * head_dim];
+          }
+        }
 
         for (int64_t r0 = 0; r0 < padded_rows; r0 += kRowGroup) {
           const int64_t group_last = *std::max_element(row_pos.begin() + r0, row_pos.begin() + r0 + kRowGroup);
           if (group_last < key0) continue;  // every row of the group is before this key tile
           // Scores of kRowGroup rows x 16 keys, accumulated over the head dim in registers.
           float scores[kRowGroup][kKeyTile] = {};
-          for (int64_t d = 0; d < head_dim; ++d) {
-            const float* kd = keys_t.data() + d * kKeyTile;
-            for (int64_t rr = 0; rr < kRowGroup; ++rr) {
-              const float qd = q_rows[(r0 + rr) * head_dim + d];
+#if defined(__AVX512F__)
+          if constexpr (kHeadDim == 64) {
+            static_assert(kKeyTile == 16 && kRowGroup == 4, "one 512-bit vector of scores per row");
+            const float* q = q_rows.data() + r0 * 64;
+            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            for (int64_t d = 0; d < 64; ++d) {
+              const __m512 kd = _mm512_loadu_ps(keys_t.data() + d * kKeyTile);
+              s0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), kd, s0);
+              s1 = _mm512_fmadd_ps(_mm512_set1_ps(q[64 + d]), kd, s1);
+              s2 = _mm512_fmadd_ps(_mm512_set1_ps(q[128 + d]), kd, s2);
+              s3 = _mm512_fmadd_ps(_mm512_set1_ps(q[192 + d]), kd, s3);
+            }
+            _mm512_storeu_ps(scores[0], s0);
+            _mm512_storeu_ps(scores[1], s1);
+            _mm512_storeu_ps(scores[2], s2);
+            _mm512_storeu_ps(scores[3], s3);
+          } else
+#endif
+          {
+            for (int64_t d = 0; d < head_dim; ++d) {
+              const float* kd = keys_t.data() + d * kKeyTile;
+              for (int64_t rr = 0; rr < kRowGroup; ++rr) {
+                const float qd = q_rows[(r0 + rr) * head_dim + d];
 #pragma omp simd
-              for (int64_t k = 0; k < kKeyTile; ++k) scores[rr][k] += qd * kd[k];
+                for (int64_t k = 0; k < kKeyTile; ++k) scores[rr][k] += qd * kd[k];
+              }
             }
           }
           for (int64_t rr = 0; rr < kRowGroup; ++rr) {
@@ -143,13 +216,37 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
             for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
           }
           // acc += P @ V for the group's rows; masked keys have p = 0 exactly.
-          for (int64_t k = 0; k < num_keys; ++k) {
-            const float* v = values.data() + k * head_dim;
+#if defined(__AVX512F__)
+          if constexpr (kHeadDim == 64) {
             for (int64_t rr = 0; rr < kRowGroup; ++rr) {
-              const float pk = probs[(r0 + rr) * kKeyTile + k];
-              float* a = acc.data() + (r0 + rr) * head_dim;
+              float* a = acc.data() + (r0 + rr) * 64;
+              const float* p = probs.data() + (r0 + rr) * kKeyTile;
+              __m512 a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16), a2 = _mm512_loadu_ps(a + 32),
+                     a3 = _mm512_loadu_ps(a + 48);
+              for (int64_t k = 0; k < num_keys; ++k) {
+                const __m512 pk = _mm512_set1_ps(p[k]);
+                const float* v = values.data() + k * 64;
+                a0 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(v), a0);
+                a1 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(v + 16), a1);
+                a2 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(v + 32), a2);
+                a3 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(v + 48), a3);
+              }
+              _mm512_storeu_ps(a, a0);
+              _mm512_storeu_ps(a + 16, a1);
+              _mm512_storeu_ps(a + 32, a2);
+              _mm512_storeu_ps(a + 48, a3);
+            }
+          } else
+#endif
+          {
+            for (int64_t k = 0; k < num_keys; ++k) {
+              const float* v = values.data() + k * head_dim;
+              for (int64_t rr = 0; rr < kRowGroup; ++rr) {
+                const float pk = probs[(r0 + rr) * kKeyTile + k];
+                float* a = acc.data() + (r0 + rr) * head_dim;
 #pragma omp simd
-              for (int64_t d = 0; d < head_dim; ++d) a[d] += pk * v[d];
+                for (int64_t d = 0; d < head_dim; ++d) a[d] += pk * v[d];
+              }
             }
           }
         }

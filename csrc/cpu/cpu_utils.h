@@ -34,8 +34,11 @@ inline uint16_t float_to_bf16(float f) {
 // exp(x) with ~1 ulp error (Cephes polynomial), branch-free so loops over it vectorize.
 // Inputs below -87 (including -inf, used for masked scores) return exactly 0.
 inline float exp_approx(float x) {
-  const float clamped = std::fmin(std::fmax(x, -87.0f), 88.0f);
-  const float n = std::floor(clamped * 1.44269504088896341f + 0.5f);
+  // Comparisons rather than std::fmin/fmax, and nearbyint rather than floor(x + 0.5): GCC
+  // vectorizes neither of those (each became a libm call per element).
+  const float low = x > -87.0f ? x : -87.0f;
+  const float clamped = low < 88.0f ? low : 88.0f;
+  const float n = std::nearbyint(clamped * 1.44269504088896341f);
   float r = clamped - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
