@@ -37,7 +37,9 @@ class ReasoningParser(ABC):
     @cached_property
     def vocab(self) -> dict[str, int]:
         """Token string -> id of the tokenizer."""
-        return dict(self.model_tokenizer.get_vocab())
+        from fastdeploy.transformers_utils.tokenizer import cached_vocab
+
+        return cached_vocab(self.model_tokenizer)
 
     @abstractmethod
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:

@@ -9,6 +9,7 @@ here from the GGUF metadata with the ``tokenizers`` library.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -201,3 +202,22 @@ def get_tokenizer_for_model(model_config):
         revision=model_config.revision,
         tokenizer_mode=model_config.tokenizer_mode,
     )
+
+
+_VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def cached_vocab(tokenizer: Any) -> dict[str, int]:
+    """``tokenizer.get_vocab()``, built once per tokenizer (fast tokenizers copy the whole
+    vocabulary on every call; parsers made per request only read it)."""
+    try:
+        return _VOCABS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    vocab = dict(get_vocab()) if get_vocab is not None else {}
+    try:
+        _VOCABS[tokenizer] = vocab
+    except TypeError:  # not weak-referenceable
+        pass
+    return vocab

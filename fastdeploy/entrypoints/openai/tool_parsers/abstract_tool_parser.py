@@ -51,8 +51,9 @@ class ToolParser(ABC):
     @cached_property
     def vocab(self) -> dict[str, int]:
         """Token string -> id of the tokenizer (empty without one)."""
-        get_vocab = getattr(self.model_tokenizer, "get_vocab", None)
-        return dict(get_vocab()) if get_vocab is not None else {}
+        from fastdeploy.transformers_utils.tokenizer import cached_vocab
+
+        return cached_vocab(self.model_tokenizer)
 
     def adjust_request(self, request: Any) -> Any:
         """Change the request before generation when the format needs it (default: unchanged)."""
