@@ -139,6 +139,20 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
           const int64_t offset = (slot * num_kv_heads + item.kv_head) * head_dim;
           fastdeploy_cpu::load_row(key_cache + offset, key_rows.data() + k * head_dim, head_dim);
           fastdeploy_cpu::load_row(value_cache + offset, values.data() + k * head_dim, head_dim);
+#if defined(__AVX512F__)
+          // The next tile's rows sit in another (random) block: start fetching them now.
+          const int64_t next = pos + kKeyTile;
+          if (next <= last_pos) {
+            const int64_t next_slot = table[next / block_size] * block_size + next % block_size;
+            const int64_t next_offset = (next_slot * num_kv_heads + item.kv_head) * head_dim;
+            const char* nk = reinterpret_cast<const char*>(key_cache + next_offset);
+            const char* nv = reinterpret_cast<const char*>(value_cache + next_offset);
+            for (int64_t b = 0; b < static_cast<int64_t>(head_dim * sizeof(CacheT)); b += 64) {
+              _mm_prefetch(nk + b, _MM_HINT_T0);
+              _mm_prefetch(nv + b, _MM_HINT_T0);
+            }
+          }
+#endif
         }
         // Finite zeros in the unused lanes.
         std::fill(key_rows.begin() + num_keys * head_dim, key_rows.end(), 0.0f);
