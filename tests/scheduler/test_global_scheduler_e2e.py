@@ -2,77 +2,32 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from redis_process import RedisServer, free_port
+from real_server import ApiServer as RouterTestServer
+from redis_process import RedisServer
 
 # --max-num-seqs 2: one instance cannot take all the work at once, so the other has some to take.
-SERVER_ARGS = ["--max-model-len", "1024", "--kv-cache-memory-bytes", "134217728", "--max-num-seqs", "2",
-               "--disable-log-stats", "--uvicorn-log-level", "warning"]
+SERVER_ARGS = ["--max-num-seqs", "2"]
 PROMPTS = ["The capital of France is", "Water boils at", "The largest planet in the solar system is",
            "1, 2, 3, 4,", "My favourite colour is", "The first president of the United States was",
            "Photosynthesis is the process", "In 1969, the first man on the moon"]
 TAKEN = "fastdeploy:global_scheduler_requests_taken_total"
 
 
-class ApiServer:
-    """``python -m fastdeploy.entrypoints.openai.api_server`` on a free port (one thread: 2 shared cores)."""
+class ApiServer(RouterTestServer):
+    """A real API server (tests/router/real_server.py) with this engine's take counters."""
 
     def __init__(self, *extra_args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="fd-global-e2e-", suffix=".log", delete=False)
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fastdeploy.entrypoints.openai.api_server", *SERVER_ARGS, "--host", "127.0.0.1",
-             "--port", str(self.port), *extra_args], env=env, stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True)
-
-    def wait_healthy(self, timeout_s: float = 600) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"API server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"API server not healthy within {timeout_s} s:\n{self.log_tail()}")
-
-    def log_tail(self) -> str:
-        self.log.flush()
-        with open(self.log.name, encoding="utf-8", errors="replace") as f:
-            return "".join(f.readlines()[-30:])
+        super().__init__(*SERVER_ARGS, *extra_args)
 
     def taken(self) -> dict[str, float]:
         """This engine's fastdeploy:global_scheduler_requests_taken_total by source."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        text = httpx.get(f"{self.url}/metrics", timeout=30, trust_env=False).text
-        return {sample.labels["source"]: sample.value for family in text_string_to_metric_families(text)
-                for sample in family.samples if sample.name == TAKEN}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)  # the server stops its engine process itself
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
-        os.unlink(self.log.name)
+        return {source: self.metric(TAKEN, source=source) for source in ("own", "stolen")}
 
 
 @pytest.fixture(scope="module")
