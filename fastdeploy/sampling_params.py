@@ -8,7 +8,6 @@ scripts and tests written against vLLM behave identically here.
 import copy
 import math
 import os
-import weakref
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
@@ -208,32 +207,21 @@ def _normalise_logit_bias(logit_bias: dict[Any, Any]) -> dict[int, float]:
     return result
 
 
-# Tokenizer -> largest id. get_vocab() and even len() copy the whole vocabulary in
-# transformers' fast tokenizers, far too slow for every request; like vLLM's cached
-# tokenizer, the figure is taken once per tokenizer.
-_MAX_TOKEN_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _max_token_id(tokenizer: Any) -> int:
-    """Largest token id the tokenizer knows (added tokens included)."""
+    """Largest token id the tokenizer knows (added tokens included).
+
+    Tokenizers from ``get_tokenizer`` carry it as ``max_token_id`` (computed once); any
+    other tokenizer is asked each time.
+    """
     max_id = getattr(tokenizer, "max_token_id", None)
     if isinstance(max_id, int):
         return max_id
-    try:
-        return _MAX_TOKEN_IDS[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    max_id = len(tokenizer) - 1
     get_vocab = getattr(tokenizer, "get_vocab", None)
     if get_vocab is not None:
         vocab = get_vocab()
         if vocab:
-            max_id = max(vocab.values())
-    try:
-        _MAX_TOKEN_IDS[tokenizer] = max_id
-    except TypeError:  # not weak-referenceable: computed each time
-        pass
-    return max_id
+            return max(vocab.values())
+    return len(tokenizer) - 1
 
 
 @dataclass(kw_only=True)

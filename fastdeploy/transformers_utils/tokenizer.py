@@ -183,10 +183,15 @@ def get_tokenizer(
 
             path, gguf_file = resolve_model(path)
     if gguf_file is not None:
-        return get_gguf_tokenizer(path, gguf_file)
-    return AutoTokenizer.from_pretrained(
-        path, trust_remote_code=trust_remote_code, use_fast=tokenizer_mode != "slow", **kwargs
-    )
+        tokenizer = get_gguf_tokenizer(path, gguf_file)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code, use_fast=tokenizer_mode != "slow", **kwargs
+        )
+    # vLLM's cached tokenizer carries this too: fast tokenizers copy the whole vocabulary on
+    # get_vocab() and even len(), far too slow to repeat for every request's validation.
+    tokenizer.max_token_id = max(cached_vocab(tokenizer).values(), default=len(tokenizer) - 1)
+    return tokenizer
 
 
 def get_tokenizer_for_model(model_config):
@@ -209,7 +214,7 @@ _VOCABS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def cached_vocab(tokenizer: Any) -> dict[str, int]:
     """``tokenizer.get_vocab()``, built once per tokenizer (fast tokenizers copy the whole
-    vocabulary on every call; parsers made per request only read it)."""
+    vocabulary on every call; the parsers made per request only read it)."""
     try:
         return _VOCABS[tokenizer]
     except (KeyError, TypeError):
