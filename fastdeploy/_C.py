@@ -53,6 +53,7 @@ LD_FLAGS = ["-fopenmp"]
 ONEDNN_LD_FLAGS = ["-l:libdnnl.so.3"]
 
 
+@cache
 def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -64,10 +65,24 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+def cpu_has_avx512() -> bool:
+    """Whether the CPU has AVX-512 (Paddle's fused CPU kernels such as fused_rms_norm assume it)."""
+    return "avx512f" in _cpu_flags().split()
+
+
 def cpu_has_bf16() -> bool:
     """Whether the CPU computes bf16 dot products natively (AMX-BF16 or AVX512-BF16)."""
     flags = set(_cpu_flags().split())
     return bool(flags & {"amx_bf16", "avx512_bf16"})
+
+
+def bf16_linear_path() -> str | None:
+    """Which kernel runs bf16 linears on this CPU: "onednn" (AMX / AVX512-BF16), "bf16w" (AVX2 + FMA:
+    bf16 weights widened in registers, csrc/cpu/gemm_bf16w.cc) or None (no fast bf16 here)."""
+    if cpu_has_bf16():
+        return "onednn"
+    flags = set(_cpu_flags().split())
+    return "bf16w" if {"avx2", "fma"} <= flags else None
 
 
 def _paddle_lib_dir() -> Path | None:

@@ -14,6 +14,23 @@ bool linear_packed_size_ok(int64_t packed_bytes, int64_t k, int64_t n, bool bf16
 void linear_forward(const float* x, int64_t m, int64_t k, const void* packed, const float* bias, int64_t n, bool bf16,
                     float* out);
 
+// Which kernel runs the linears, fixed at build time by -march=native: oneDNN where the CPU has
+// bf16 dot products (AMX-BF16 / AVX512-BF16); else, with AVX2 + FMA, the panel kernel of
+// panel_gemm.cc for fp32 and bf16 weights alike; else oneDNN (fp32 only in practice).
+#if defined(__AVX512BF16__) || defined(__AMX_BF16__) || !(defined(__AVX2__) && defined(__FMA__))
+constexpr bool kPanelGemm = false;
+#else
+constexpr bool kPanelGemm = true;
+#endif
+
+// panel_gemm.cc: W [K, N] packed as [N/16][K][16] fp32 or bf16; with bf16 the activations are
+// rounded to bf16 too; fp32 FMAs either way.
+int64_t panel_packed_bytes(int64_t k, int64_t n, bool bf16);
+void panel_pack(const float* w, int64_t k, int64_t n, bool bf16, void* packed);
+void panel_unpack(const void* packed, int64_t k, int64_t n, bool bf16, float* w);
+void panel_gemm(const float* x, int64_t m, int64_t k, const void* packed, bool bf16, const float* bias, int64_t n,
+                float* out);
+
 // layernorm.cc
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t h, float* out);
 // residual += x; x = rms_norm(residual) * weight.

@@ -4,7 +4,8 @@
 // brgemm kernels read (bf16 or fp32), `fd_linear` computes y = x @ W (+ bias) with
 // fp32 input and output and fp32 accumulation. On CPUs with AMX or AVX512-BF16 the
 // bf16 path runs on those units and reads half the bytes of fp32 weights, which is
-// what bounds a decode step.
+// what bounds a decode step. On AVX2 CPUs without those, every linear runs on the panel
+// kernel of panel_gemm.cc instead (see there why).
 //
 // The packed layout is chosen for a reference M and serves every M (checked: the
 // brgemm implementation accepts it for M = 1 .. thousands); primitives are cached
@@ -156,6 +157,12 @@ std::vector<paddle::Tensor> LinearPack(const paddle::Tensor& weight, const std::
   PD_CHECK(weight.shape().size() == 2, "fd_linear_pack: weight must be [K, N].");
   const int64_t k = weight.shape()[0], n = weight.shape()[1];
   const dt wdt = weight_type(dtype);
+  if (fastdeploy_cpu::kPanelGemm) {
+    const bool bf16 = wdt == dt::bf16;
+    auto packed = paddle::empty({fastdeploy_cpu::panel_packed_bytes(k, n, bf16)}, paddle::DataType::UINT8, weight.place());
+    fastdeploy_cpu::panel_pack(weight.data<float>(), k, n, bf16, packed.data());
+    return {packed};
+  }
   memory::desc packed_md = packed_weight_desc(k, n, wdt);
   auto packed = paddle::empty({static_cast<int64_t>(packed_md.get_size())}, paddle::DataType::UINT8, weight.place());
   memory src(memory::desc({k, n}, dt::f32, tag::ab), cpu_engine(), const_cast<float*>(weight.data<float>()));
@@ -168,10 +175,15 @@ std::vector<paddle::Tensor> LinearPack(const paddle::Tensor& weight, const std::
 // The inverse of fd_linear_pack: packed bytes -> [K, N] float32 (exact for float32; bf16-rounded values for bf16).
 std::vector<paddle::Tensor> LinearUnpack(const paddle::Tensor& packed, int64_t k, int64_t n, const std::string& dtype) {
   fastdeploy_cpu::check_cpu_contiguous(packed, "packed");
-  memory::desc packed_md = packed_weight_desc(k, n, weight_type(dtype));
-  PD_CHECK(packed.numel() == static_cast<int64_t>(packed_md.get_size()),
+  const bool bf16 = weight_type(dtype) == dt::bf16;
+  PD_CHECK(fastdeploy_cpu::linear_packed_size_ok(packed.numel(), k, n, bf16),
            "fd_linear_unpack: the packed weight does not match [K, N] in " + dtype + ".");
   auto weight = paddle::empty({k, n}, paddle::DataType::FLOAT32, packed.place());
+  if (fastdeploy_cpu::kPanelGemm) {
+    fastdeploy_cpu::panel_unpack(packed.data(), k, n, bf16, weight.data<float>());
+    return {weight};
+  }
+  memory::desc packed_md = packed_weight_desc(k, n, weight_type(dtype));
   memory src(packed_md, cpu_engine(), const_cast<void*>(packed.data()));
   memory dst(memory::desc({k, n}, dt::f32, tag::ab), cpu_engine(), weight.data<float>());
   dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
@@ -182,12 +194,14 @@ std::vector<paddle::Tensor> LinearUnpack(const paddle::Tensor& packed, int64_t k
 namespace fastdeploy_cpu {
 
 bool linear_packed_size_ok(int64_t packed_bytes, int64_t k, int64_t n, bool bf16) {
+  if (kPanelGemm) return packed_bytes == panel_packed_bytes(k, n, bf16);
   return packed_bytes == static_cast<int64_t>(packed_weight_desc(k, n, bf16 ? dt::bf16 : dt::f32).get_size());
 }
 
 void linear_forward(const float* x, int64_t m, int64_t k, const void* packed, const float* bias, int64_t n, bool bf16,
                     float* out) {
   if (m == 0) return;
+  if (kPanelGemm) return panel_gemm(x, m, k, packed, bf16, bias, n, out);
   const dt wdt = bf16 ? dt::bf16 : dt::f32;
   // A single row runs as two (the second zero): oneDNN's M = 1 kernel splits long K
   // differently from M >= 2, and a request's output must not depend on how many rows

@@ -24,9 +24,12 @@ class CpuPlatform(Platform):
         return True
 
     def resolve_dtype(self, dtype: str) -> str:
-        """Resolve "auto" to bfloat16 where the CPU has AMX-BF16 or AVX512-BF16 and the kernels are built, else float32.
+        """Resolve "auto" to bfloat16 where a bf16 linear kernel is built for this CPU, else float32.
 
-        Eager Paddle has no bf16 matmul on CPU: bf16 comes from the oneDNN kernel in csrc/cpu.
+        Eager Paddle has no bf16 matmul on CPU: bf16 comes from csrc/cpu, on oneDNN with
+        AMX-BF16 / AVX512-BF16, or on AVX2 + FMA from the bf16-weight kernel, which reads half
+        the bytes of fp32 weights (decode is bound by those reads) and is measured no slower
+        than fp32 at any batch size (benchmarks/results/kernels.json).
         """
         if dtype == "float32":
             return "float32"
@@ -45,8 +48,8 @@ class CpuPlatform(Platform):
         """Why bf16 cannot run here, or None when it can (checks the CPU, then builds/finds the kernels)."""
         from fastdeploy import _C
 
-        if not _C.cpu_has_bf16():
-            return "the CPU has neither AMX-BF16 nor AVX512-BF16"
+        if _C.bf16_linear_path() is None:
+            return "the CPU has neither AMX-BF16, AVX512-BF16 nor AVX2 with FMA"
         so = _C.ensure_built()
         if so is None:
             return f"the C++ kernels are not built ({_C.failure_reason()})"

@@ -26,7 +26,7 @@ def test_the_library_is_cached_under_a_key_of_its_inputs():
     assert set(_C.manifest()["sources"]) >= {"attention.cc", "layernorm.cc", "pos_encoding.cc", "activation.cc"}
 
 
-@pytest.mark.skipif(not _C.cpu_has_bf16(), reason="the CPU has no AMX-BF16 / AVX512-BF16")
+@pytest.mark.skipif(_C.bf16_linear_path() is None, reason="the CPU has no AMX-BF16 / AVX512-BF16 / AVX2+FMA")
 def test_auto_dtype_is_bf16_with_the_kernels():
     platform = CpuPlatform()
     assert platform.resolve_dtype("auto") == "bfloat16"

@@ -1,5 +1,9 @@
 """fd_linear / fd_linear_pack (oneDNN, csrc/cpu/linear.cc) against paddle.matmul."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import paddle
 import pytest
@@ -89,3 +93,37 @@ def test_rows_do_not_depend_on_the_batch(dtype):
     for m in (2, 5, 16, 40):
         batched = ops.linear(paddle.to_tensor(x[:m]), packed, bias, 64, dtype).numpy()[0]
         np.testing.assert_array_equal(batched, alone, err_msg=f"M={m}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_every_tile_shape_and_a_partial_column_panel(dtype):
+    """M = 1..13 covers each row-tile shape (1..6 rows, and their remainders); N = 72 ends in a
+    part-filled 16-column panel; K = 1536 is the down projection's width."""
+    x, w, b = _case(13, 1536, 72, True)
+    packed = ops.linear_pack(paddle.to_tensor(w), dtype)
+    xq, wq = (x, w) if dtype == "float32" else (bf16_round(x), bf16_round(w))
+    tol = 1e-4 if dtype == "float32" else 2e-4
+    for m in range(1, 14):
+        got = ops.linear(paddle.to_tensor(x[:m]), packed, paddle.to_tensor(b), 72, dtype).numpy()
+        want = xq[:m].astype(np.float64) @ wq.astype(np.float64) + b
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"M={m}")
+
+
+def test_outputs_do_not_depend_on_the_thread_count():
+    """Two OpenMP threads split the output columns: each element is still one K-ordered sum."""
+    code = (
+        "import hashlib, numpy as np, paddle\n"
+        "from fastdeploy import _custom_ops as ops\n"
+        "rng = np.random.default_rng(1)\n"
+        "w = paddle.to_tensor(rng.standard_normal((576, 960)).astype(np.float32))\n"
+        "x = paddle.to_tensor(rng.standard_normal((9, 576)).astype(np.float32))\n"
+        "outs = [ops.linear(x, ops.linear_pack(w, d), None, 960, d).numpy() for d in ('float32', 'bfloat16')]\n"
+        "print(' '.join(hashlib.sha256(o.tobytes()).hexdigest() for o in outs))\n"
+    )
+    runs = []
+    for threads in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": threads},
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        runs.append(out.stdout.strip().splitlines()[-1])
+    assert runs[0] == runs[1]

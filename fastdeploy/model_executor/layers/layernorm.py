@@ -11,6 +11,7 @@ from __future__ import annotations
 import paddle
 from paddle import nn
 
+from fastdeploy import _C
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.utils import new_parameter, param_dtype
 
@@ -21,8 +22,12 @@ except ImportError:  # pragma: no cover - older Paddle builds
 
 
 def _probe_fused() -> bool:
-    """Whether fused_rms_norm has a kernel here (F.rms_norm has none on CPU; fused_rms_norm does)."""
-    if _fused_rms_norm is None:
+    """Whether fused_rms_norm has a kernel here (F.rms_norm has none on CPU; fused_rms_norm does).
+
+    Paddle's CPU kernel for it is built for AVX-512 and dies with SIGILL on an AVX2-only CPU,
+    which no try/except can catch: without AVX-512 the plain ops run instead.
+    """
+    if _fused_rms_norm is None or not _C.cpu_has_avx512():
         return False
     try:
         x = paddle.ones([1, 4])
