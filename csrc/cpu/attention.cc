@@ -17,8 +17,9 @@
 #include <algorithm>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
+#define FD_ATTENTION_V16 1
 #endif
 
 #include "cpu_utils.h"
@@ -26,11 +27,22 @@
 
 namespace {
 
-#if defined(__AVX512F__)
-// Head dim 64 on AVX-512, the common decode case: the same per-element arithmetic order as the
-// generic loops (scores summed over d in order, P @ V over keys in order), with the key
+#if defined(FD_ATTENTION_V16)
+// Head dim 64 on AVX-512 or AVX2, the common decode case: the same per-element arithmetic order
+// as the generic loops (scores summed over d in order, P @ V over keys in order), with the key
 // transpose done by register shuffles and the accumulators kept in registers. Every row of
 // every tile takes this path, so batch invariance is kept.
+//
+// V16 is 16 fp32 lanes (one key tile of scores): one 512-bit register, or two 256-bit ones.
+#if defined(__AVX512F__)
+struct V16 {
+  __m512 v;
+};
+inline V16 v16_load(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void v16_store(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+inline V16 v16_set1(float x) { return {_mm512_set1_ps(x)}; }
+inline V16 v16_zero() { return {_mm512_setzero_ps()}; }
+inline V16 v16_fmadd(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
 
 // dst[j][i] = src[i][j] for a 16 x 16 fp32 block.
 inline void transpose16x16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
@@ -58,6 +70,46 @@ inline void transpose16x16(const float* src, int64_t src_stride, float* dst, int
   }
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * dst_stride, r[i]);
 }
+#else
+struct V16 {
+  __m256 lo, hi;
+};
+inline V16 v16_load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void v16_store(float* p, V16 a) {
+  _mm256_storeu_ps(p, a.lo);
+  _mm256_storeu_ps(p + 8, a.hi);
+}
+inline V16 v16_set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline V16 v16_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 v16_fmadd(V16 a, V16 b, V16 c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+
+// dst[j][i] = src[i][j] for an 8 x 8 fp32 block.
+inline void transpose8x8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+
+inline void transpose16x16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 16; j += 8) transpose8x8(src + i * src_stride + j, src_stride, dst + j * dst_stride + i, dst_stride);
+}
+#endif
 #endif
 
 constexpr int64_t kKeyTile = 16;    // keys per score tile: one 512-bit vector of fp32 scores
@@ -139,7 +191,7 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
           const int64_t offset = (slot * num_kv_heads + item.kv_head) * head_dim;
           fastdeploy_cpu::load_row(key_cache + offset, key_rows.data() + k * head_dim, head_dim);
           fastdeploy_cpu::load_row(value_cache + offset, values.data() + k * head_dim, head_dim);
-#if defined(__AVX512F__)
+#if defined(FD_ATTENTION_V16)
           // The next tile's rows sit in another (random) block: start fetching them now.
           const int64_t next = pos + kKeyTile;
           if (next <= last_pos) {
@@ -156,7 +208,7 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
         }
         // Finite zeros in the unused lanes.
         std::fill(key_rows.begin() + num_keys * head_dim, key_rows.end(), 0.0f);
-#if defined(__AVX512F__)
+#if defined(FD_ATTENTION_V16)
         if constexpr (kHeadDim == 64) {
           for (int64_t c = 0; c < 64; c += 16)
             transpose16x16(key_rows.data() + c, 64, keys_t.data() + c * kKeyTile, kKeyTile);
@@ -176,22 +228,22 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
           if (group_last < key0) continue;  // every row of the group is before this key tile
           // Scores of kRowGroup rows x 16 keys, accumulated over the head dim in registers.
           float scores[kRowGroup][kKeyTile] = {};
-#if defined(__AVX512F__)
+#if defined(FD_ATTENTION_V16)
           if constexpr (kHeadDim == 64) {
-            static_assert(kKeyTile == 16 && kRowGroup == 4, "one 512-bit vector of scores per row");
+            static_assert(kKeyTile == 16 && kRowGroup == 4, "one V16 of scores per row");
             const float* q = q_rows.data() + r0 * 64;
-            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            V16 s0 = v16_zero(), s1 = s0, s2 = s0, s3 = s0;
             for (int64_t d = 0; d < 64; ++d) {
-              const __m512 kd = _mm512_loadu_ps(keys_t.data() + d * kKeyTile);
-              s0 = _mm512_fmadd_ps(_mm512_set1_ps(q[d]), kd, s0);
-              s1 = _mm512_fmadd_ps(_mm512_set1_ps(q[64 + d]), kd, s1);
-              s2 = _mm512_fmadd_ps(_mm512_set1_ps(q[128 + d]), kd, s2);
-              s3 = _mm512_fmadd_ps(_mm512_set1_ps(q[192 + d]), kd, s3);
+              const V16 kd = v16_load(keys_t.data() + d * kKeyTile);
+              s0 = v16_fmadd(v16_set1(q[d]), kd, s0);
+              s1 = v16_fmadd(v16_set1(q[64 + d]), kd, s1);
+              s2 = v16_fmadd(v16_set1(q[128 + d]), kd, s2);
+              s3 = v16_fmadd(v16_set1(q[192 + d]), kd, s3);
             }
-            _mm512_storeu_ps(scores[0], s0);
-            _mm512_storeu_ps(scores[1], s1);
-            _mm512_storeu_ps(scores[2], s2);
-            _mm512_storeu_ps(scores[3], s3);
+            v16_store(scores[0], s0);
+            v16_store(scores[1], s1);
+            v16_store(scores[2], s2);
+            v16_store(scores[3], s3);
           } else
 #endif
           {
@@ -230,25 +282,24 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
             for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
           }
           // acc += P @ V for the group's rows; masked keys have p = 0 exactly.
-#if defined(__AVX512F__)
+#if defined(FD_ATTENTION_V16)
           if constexpr (kHeadDim == 64) {
             for (int64_t rr = 0; rr < kRowGroup; ++rr) {
               float* a = acc.data() + (r0 + rr) * 64;
               const float* p = probs.data() + (r0 + rr) * kKeyTile;
-              __m512 a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16), a2 = _mm512_loadu_ps(a + 32),
-                     a3 = _mm512_loadu_ps(a + 48);
+              V16 a0 = v16_load(a), a1 = v16_load(a + 16), a2 = v16_load(a + 32), a3 = v16_load(a + 48);
               for (int64_t k = 0; k < num_keys; ++k) {
-                const __m512 pk = _mm512_set1_ps(p[k]);
+                const V16 pk = v16_set1(p[k]);
                 const float* v = values.data() + k * 64;
-                a0 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(v), a0);
-                a1 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(v + 16), a1);
-                a2 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(v + 32), a2);
-                a3 = _mm512_fmadd_ps(pk, _mm512_loadu_ps(v + 48), a3);
+                a0 = v16_fmadd(pk, v16_load(v), a0);
+                a1 = v16_fmadd(pk, v16_load(v + 16), a1);
+                a2 = v16_fmadd(pk, v16_load(v + 32), a2);
+                a3 = v16_fmadd(pk, v16_load(v + 48), a3);
               }
-              _mm512_storeu_ps(a, a0);
-              _mm512_storeu_ps(a + 16, a1);
-              _mm512_storeu_ps(a + 32, a2);
-              _mm512_storeu_ps(a + 48, a3);
+              v16_store(a, a0);
+              v16_store(a + 16, a1);
+              v16_store(a + 32, a2);
+              v16_store(a + 48, a3);
             }
           } else
 #endif
