@@ -7,6 +7,9 @@ FD_API_KEY              API key of the server; VLLM_API_KEY too.
 FD_DEFAULT_MODEL        path of the model used when none is given (default: the embedded SmolLM2).
 FD_CACHE_ROOT           where converted artefacts and the built C++ kernels are cached (default ~/.cache/fastdeploy).
 FD_CPU_KERNELS          "0" turns the C++ kernels (csrc/cpu) off: plain Paddle ops, float32 only (default "1").
+FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (default: its own cores when it has
+                        fewer threads than there are cores, the API process keeps the rest), "nobind", or a core
+                        list such as "1" or "2-3"; VLLM_CPU_OMP_THREADS_BIND too (fastdeploy/platforms/cpu_binding.py).
 FD_KV_TRANSFER_TIMEOUT  seconds a prefill instance keeps a request's KV blocks for its decode instance, and a
                         decode instance waits for them (default 120); VLLM_NIXL_ABORT_REQUEST_TIMEOUT too.
 """
@@ -57,6 +60,10 @@ def cache_root() -> str:
 
 def cpu_kernels_enabled() -> bool:
     return _first("FD_CPU_KERNELS", default="1") not in ("0", "false", "False", "off")
+
+
+def cpu_omp_threads_bind() -> str:
+    return _first("FD_CPU_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND", default="auto") or "auto"
 
 
 def kv_transfer_timeout_s() -> float:

@@ -30,6 +30,7 @@ from fastdeploy.engine.core_proc import EngineCoreProc
 from fastdeploy.engine.exceptions import EngineDeadError
 from fastdeploy.engine.request import EngineCoreOutputs, EngineCoreRequest
 from fastdeploy.logger import init_logger
+from fastdeploy.platforms.cpu_binding import plan_cpu_binding
 
 logger = init_logger(__name__)
 
@@ -37,6 +38,13 @@ logger = init_logger(__name__)
 def engine_omp_threads() -> int:
     """OMP threads for the engine process: all cores but one, which the HTTP process keeps."""
     return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
+def _int_or(value: str | None, default: int) -> int:
+    try:
+        return max(1, int(value or ""))
+    except ValueError:
+        return default
 
 
 @contextlib.contextmanager
@@ -92,18 +100,25 @@ class EngineCoreClient:
         self.output_socket.setsockopt(zmq.LINGER, 0)
         self.output_socket.bind(output_address)
 
+        # The user's OMP_NUM_THREADS wins; otherwise the engine leaves one core to the HTTP process.
+        import fastdeploy
+
+        if fastdeploy.USER_SET_OMP_NUM_THREADS:
+            env, threads = {}, _int_or(os.environ.get("OMP_NUM_THREADS"), engine_omp_threads())
+        else:
+            threads = omp_threads or engine_omp_threads()
+            env = {"OMP_NUM_THREADS": str(threads)}
+        # Where the engine computes and the API process runs (the API side is applied by the server).
+        self.cpu_binding = plan_cpu_binding(threads)
         ready_reader, ready_writer = multiprocessing.Pipe(duplex=False)
         mp = multiprocessing.get_context("spawn")
         self.proc = mp.Process(
             target=EngineCoreProc.run_engine_core,
             name="EngineCore",
-            args=(fd_config, input_address, output_address, ready_writer, os.getpid(), engine_core_cls),
+            args=(fd_config, input_address, output_address, ready_writer, os.getpid(), engine_core_cls,
+                  self.cpu_binding.engine if self.cpu_binding else None),
             daemon=True,
         )
-        # The user's OMP_NUM_THREADS wins; otherwise the engine leaves one core to the HTTP process.
-        import fastdeploy
-
-        env = {} if fastdeploy.USER_SET_OMP_NUM_THREADS else {"OMP_NUM_THREADS": str(omp_threads or engine_omp_threads())}
         with _child_environment(env):
             self.proc.start()
         ready_writer.close()

@@ -32,6 +32,7 @@ from fastdeploy.engine.core_messages import (
 )
 from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from fastdeploy.logger import init_logger
+from fastdeploy.platforms.cpu_binding import bind_process
 from fastdeploy.scheduler.engine_bridge import BridgeMessage, CoreEndpoint, GlobalSchedulerBridge
 
 logger = init_logger(__name__)
@@ -76,8 +77,15 @@ class EngineCoreProc:
     # ---- process entry point --------------------------------------------------------------
     @staticmethod
     def run_engine_core(fd_config: FDConfig, input_address: str, output_address: str, ready_conn: Connection,
-                        parent_pid: int, engine_core_cls: str | None = None) -> None:
-        """Target of the engine core process: build the core, report ready, loop until told to stop."""
+                        parent_pid: int, engine_core_cls: str | None = None,
+                        cpu_cores: frozenset[int] | None = None) -> None:
+        """Target of the engine core process: build the core, report ready, loop until told to stop.
+
+        ``cpu_cores``: the cores to compute on (fastdeploy/platforms/cpu_binding.py), set before any
+        OpenMP thread starts so that every one of them inherits it.
+        """
+        if cpu_cores:
+            bind_process(cpu_cores, "EngineCore")
         # Ctrl-C reaches the whole process group; the API process decides when the core stops.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, _raise_system_exit)

@@ -47,6 +47,7 @@ from fastdeploy.entrypoints.openai.serving_engine import error_from_exception, e
 from fastdeploy.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
 from fastdeploy.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from fastdeploy.logger import init_logger
+from fastdeploy.platforms.cpu_binding import bind_process
 from fastdeploy.router.registration import InstanceHooks
 from fastdeploy.sampling_params import ParamValidationError
 from fastdeploy.version import __version__
@@ -351,6 +352,9 @@ async def run_server(args: argparse.Namespace) -> int:
         engine_args.structured_outputs_config = {**(engine_args.structured_outputs_config or {}),
                                                  "reasoning_parser": args.reasoning_parser}
     engine = AsyncLLM.from_engine_args(engine_args)
+    if engine.engine_core.cpu_binding is not None:
+        # The engine computes on its own cores; the HTTP process keeps the others.
+        bind_process(engine.engine_core.cpu_binding.api, "API server")
     exit_code = 0
     try:
         app = build_app(args)

@@ -1,0 +1,76 @@
+"""Where the engine process computes and the API process runs (fastdeploy/platforms/cpu_binding.py)."""
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from fastdeploy.platforms.cpu_binding import parse_core_list, plan_cpu_binding
+from tests.entrypoints.openai.remote_server import DEFAULT_SERVER_ARGS, RemoteOpenAIServer
+
+
+def test_auto_gives_the_engine_the_last_cores_and_the_api_the_rest():
+    plan = plan_cpu_binding(1, "auto", allowed={0, 1})
+    assert plan.engine == {1} and plan.api == {0}
+    plan = plan_cpu_binding(3, "auto", allowed={0, 2, 4, 6})
+    assert plan.engine == {2, 4, 6} and plan.api == {0}
+
+
+def test_auto_pins_nothing_when_the_engine_uses_every_core():
+    assert plan_cpu_binding(2, "auto", allowed={0, 1}) is None
+    assert plan_cpu_binding(1, "nobind", allowed={0, 1}) is None
+
+
+def test_an_explicit_core_list():
+    assert parse_core_list("0-2,5") == {0, 1, 2, 5}
+    plan = plan_cpu_binding(1, "0", allowed={0, 1})
+    assert plan.engine == {0} and plan.api == {1}
+
+
+@pytest.mark.parametrize("bad", ["x", "3-1", "-1", "1,,2"])
+def test_a_bad_setting_names_the_variable(bad):
+    with pytest.raises(ValueError, match="FD_CPU_OMP_THREADS_BIND"):
+        plan_cpu_binding(1, bad, allowed={0, 1})
+
+
+def test_cores_outside_the_allowed_set_are_refused():
+    with pytest.raises(ValueError, match="outside"):
+        plan_cpu_binding(1, "7", allowed={0, 1})
+
+
+def _allowed(proc: psutil.Process) -> set[int]:
+    """The cores of every thread of ``proc`` (each thread has its own affinity)."""
+    cores: set[int] = set()
+    for thread in proc.threads():
+        cores |= set(os.sched_getaffinity(thread.id))
+    return cores
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_served_engine_and_its_api_process_run_on_separate_cores():
+    """vLLM's VLLM_CPU_OMP_THREADS_BIND spelling, a one-thread engine: each process on its own core."""
+    engine_core, api_core = sorted(os.sched_getaffinity(0))[:2]
+    env = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": str(engine_core)}
+    server = RemoteOpenAIServer(DEFAULT_SERVER_ARGS, env=env)
+    try:
+        api = psutil.Process(server.proc.pid)
+        engines = [p for p in api.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+        assert len(engines) == 1
+        # A request runs the engine's OpenMP threads, which must have inherited its core.
+        server.get_client().completions.create(model="HuggingFaceTB/SmolLM2-135M-Instruct", prompt="Hi", max_tokens=4)
+        assert _allowed(engines[0]) == {engine_core}
+        assert engine_core not in _allowed(api) and api_core in _allowed(api)
+    finally:
+        server.stop()
+
+
+def test_a_bad_binding_stops_the_server_with_a_clear_message():
+    out = subprocess.run(
+        [sys.executable, "-m", "fastdeploy.entrypoints.openai.api_server", *DEFAULT_SERVER_ARGS, "--port", "0"],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "FD_CPU_OMP_THREADS_BIND": "cores"},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode != 0
+    assert "FD_CPU_OMP_THREADS_BIND must be" in out.stdout + out.stderr
