@@ -9,8 +9,8 @@ greedy sampling.
 - ``paddle-fp32``: plain Paddle ops (the model is loaded and first run inside
   ``_custom_ops.disabled()``, which is what FD_CPU_KERNELS=0 gives a whole process);
 - ``kernels-fp32``: the C++ kernels with fp32 weights (``--dtype float32``);
-- ``kernels-bf16``: the C++ kernels with bf16 weights and KV cache (``--dtype auto`` on
-  CPUs with AMX / AVX512-BF16).
+- ``kernels-bf16``: the C++ kernels with bf16 weights and KV cache (``--dtype auto`` where a
+  bf16 kernel is built: oneDNN on AMX / AVX512-BF16, the panel kernel on AVX2).
 
 Figures (medians): decode step at batch 1 and 16, each sequence with ``--context`` tokens of
 context, and the prefill of one ``--prefill-len``-token prompt; one process per thread count.

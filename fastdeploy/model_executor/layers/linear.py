@@ -5,10 +5,11 @@ only in how a checkpoint is loaded into them. Checkpoint weights arrive in Huggi
 Face's ``[out, in]`` layout and are transposed once at load time.
 
 After loading, :meth:`PackedWeightMixin.process_weights_after_loading` converts each
-weight once into the blocked layout of the oneDNN matmul kernel (``csrc/cpu/linear.cc``),
-in bf16 or fp32, and drops the fp32 parameter; the forward then runs that kernel (AMX /
-AVX512-BF16 for bf16, fp32 accumulation either way). Without the kernel the weight
-stays and the forward is ``paddle.matmul``.
+weight once into the packed layout of the linear kernel (``csrc/cpu/linear.cc``), in bf16 or
+fp32, and drops the fp32 parameter; the forward then runs that kernel (oneDNN on AMX /
+AVX512-BF16 CPUs, the 16-column panel kernel of ``csrc/cpu/panel_gemm.cc`` on AVX2 ones;
+fp32 accumulation either way). Without the kernel the weight stays and the forward is
+``paddle.matmul``.
 """
 
 from __future__ import annotations
