@@ -77,12 +77,12 @@ def cpu_has_bf16() -> bool:
 
 
 def bf16_linear_path() -> str | None:
-    """Which kernel runs bf16 linears on this CPU: "onednn" (AMX / AVX512-BF16), "bf16w" (AVX2 + FMA:
-    bf16 weights widened in registers, csrc/cpu/gemm_bf16w.cc) or None (no fast bf16 here)."""
+    """Which kernel runs bf16 linears on this CPU: "onednn" (AMX / AVX512-BF16), "panel" (AVX2 + FMA:
+    bf16 weights widened in registers, csrc/cpu/panel_gemm.cc) or None (no fast bf16 here)."""
     if cpu_has_bf16():
         return "onednn"
     flags = set(_cpu_flags().split())
-    return "bf16w" if {"avx2", "fma"} <= flags else None
+    return "panel" if {"avx2", "fma"} <= flags else None
 
 
 def _paddle_lib_dir() -> Path | None:
