@@ -234,17 +234,10 @@ def fastdeploy_command(port: int, extra: list[str]) -> list[str]:
 
 
 def cpu_description() -> str:
-    """The CPU's model name and the vector/matrix extensions that decide both servers' kernels."""
-    model, flags = "unknown", set()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    isa = [name for name in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if name in flags]
-    return f"{model} ({', '.join(isa) or 'no AVX2'})"
+    """The CPU's model name and the extensions that decide both servers' kernels (as collect-env shows them)."""
+    from fastdeploy.entrypoints.cli.collect_env import cpu_features, cpuinfo
+
+    return f"{cpuinfo('model name') or 'unknown'} ({cpu_features()})"
 
 
 def default_vllm_dtype() -> str:

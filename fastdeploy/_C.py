@@ -81,8 +81,7 @@ def bf16_linear_path() -> str | None:
     bf16 weights widened in registers, csrc/cpu/panel_gemm.cc) or None (no fast bf16 here)."""
     if cpu_has_bf16():
         return "onednn"
-    flags = set(_cpu_flags().split())
-    return "panel" if {"avx2", "fma"} <= flags else None
+    return "panel" if {"avx2", "fma"} <= set(_cpu_flags().split()) else None
 
 
 def _paddle_lib_dir() -> Path | None:

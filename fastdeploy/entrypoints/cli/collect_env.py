@@ -16,7 +16,7 @@ _PACKAGES = ("fastdeploy", "paddlepaddle", "paddlepaddle-gpu", "paddleformers", 
 _ENV_PREFIXES = ("FD_", "VLLM_", "OMP_", "MKL_", "CUDA_VISIBLE_DEVICES", "FLAGS_")
 
 
-def _cpuinfo(key: str) -> str | None:
+def cpuinfo(key: str) -> str | None:
     """The first ``key : value`` of /proc/cpuinfo."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -28,8 +28,9 @@ def _cpuinfo(key: str) -> str | None:
     return None
 
 
-def _cpu_flags() -> str:
-    flags = set((_cpuinfo("flags") or "").split())
+def cpu_features() -> str:
+    """The CPU extensions that decide which kernels run (AVX2, AVX-512, bf16 and AMX units)."""
+    flags = set((cpuinfo("flags") or "").split())
     wanted = ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"]
     return " ".join(flag for flag in wanted if flag in flags) or "none of interest"
 
@@ -57,9 +58,9 @@ def collect_env() -> list[tuple[str, str]]:
     rows = [
         ("Python", sys.version.replace("\n", " ")),
         ("OS", platform.platform()),
-        ("CPU", _cpuinfo("model name") or platform.processor() or "unknown"),
+        ("CPU", cpuinfo("model name") or platform.processor() or "unknown"),
         ("CPU cores (usable)", str(len(os.sched_getaffinity(0)))),
-        ("CPU features", _cpu_flags()),
+        ("CPU features", cpu_features()),
         ("Memory", _memory()),
         ("Paddle", _paddle()),
     ]
