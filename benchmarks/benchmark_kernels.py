@@ -7,7 +7,7 @@ minutes; only an interleaved comparison is fair). A step is the engine's whole
 greedy sampling.
 
 - ``paddle-fp32``: plain Paddle ops (the model is loaded and first run inside
-  ``_custom_ops.disabled()``, which is what FD_CPU_KERNELS=0 gives a whole process);
+  ``set_op_backend(OpBackend())``, which is what FD_CPU_KERNELS=0 gives a whole process);
 - ``kernels-fp32``: the C++ kernels with fp32 weights (``--dtype float32``);
 - ``kernels-bf16``: the C++ kernels with bf16 weights and KV cache (``--dtype auto`` where a
   bf16 kernel is built: oneDNN on AMX / AVX512-BF16, the panel kernel on AVX2).
@@ -39,15 +39,16 @@ class Setup:
     def __init__(self, name: str, dtype: str) -> None:
         import numpy as np
 
-        from fastdeploy import _custom_ops
         from fastdeploy.engine.arg_utils import EngineArgs
+        from fastdeploy.model_executor.custom_op import set_op_backend
+        from fastdeploy.platforms.interface import OpBackend
         from fastdeploy.sampling_params import SamplingParams
         from fastdeploy.worker.worker import Worker
 
         self.name = name
         args = EngineArgs(dtype=dtype, max_model_len=2048, kv_cache_memory_bytes=512 << 20, max_num_seqs=32)
         self.config = args.create_engine_config()
-        baseline = _custom_ops.disabled() if name == "paddle-fp32" else contextlib.nullcontext()
+        baseline = set_op_backend(OpBackend()) if name == "paddle-fp32" else contextlib.nullcontext()
         with baseline:
             self.worker = Worker(self.config)
             self.worker.load_model()
@@ -59,7 +60,7 @@ class Setup:
             self.counter = 0
             self.live: list = []
             self.reset_blocks()
-            self.prefill(8)  # the first forward fixes every layer's path (inside the baseline block)
+            self.prefill(8)
 
     def reset_blocks(self) -> None:
         self.free = iter(range(self.num_blocks))

@@ -235,7 +235,7 @@ def fastdeploy_command(port: int, extra: list[str]) -> list[str]:
 
 def cpu_description() -> str:
     """The CPU's model name and the extensions that decide both servers' kernels (as collect-env shows them)."""
-    from fastdeploy.entrypoints.cli.collect_env import cpu_features, cpuinfo
+    from fastdeploy.platforms.cpu import cpu_features, cpuinfo
 
     return f"{cpuinfo('model name') or 'unknown'} ({cpu_features()})"
 
@@ -247,9 +247,9 @@ def default_vllm_dtype() -> str:
     output tok/s at 16 streams against 38 in fp32 (and its bf16 prefill stalled for minutes),
     so fp32 is the fair peer there.
     """
-    from fastdeploy import _C
+    from fastdeploy.platforms.cpu import cpu_has_bf16
 
-    return "bfloat16" if _C.cpu_has_bf16() else "float32"
+    return "bfloat16" if cpu_has_bf16() else "float32"
 
 
 def vllm_command(venv: str, model_dir: str, port: int, extra: list[str], dtype: str = "bfloat16") -> list[str]:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from fastdeploy import envs
 from fastdeploy.logger import init_logger
+from fastdeploy.platforms.cpu import cpu_flags_line
 
 logger = init_logger(__name__)
 
@@ -51,37 +52,6 @@ CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-DNDEBUG"]
 # libgomp: the OpenMP runtime Paddle's libdnnl.so.3 uses, so the kernels share its threads.
 LD_FLAGS = ["-fopenmp"]
 ONEDNN_LD_FLAGS = ["-l:libdnnl.so.3"]
-
-
-@cache
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def cpu_has_avx512() -> bool:
-    """Whether the CPU has AVX-512 (Paddle's fused CPU kernels such as fused_rms_norm assume it)."""
-    return "avx512f" in _cpu_flags().split()
-
-
-def cpu_has_bf16() -> bool:
-    """Whether the CPU computes bf16 dot products natively (AMX-BF16 or AVX512-BF16)."""
-    flags = set(_cpu_flags().split())
-    return bool(flags & {"amx_bf16", "avx512_bf16"})
-
-
-def bf16_linear_path() -> str | None:
-    """Which kernel runs bf16 linears on this CPU: "onednn" (AMX / AVX512-BF16), "panel" (AVX2 + FMA:
-    bf16 weights widened in registers, csrc/cpu/panel_gemm.cc) or None (no fast bf16 here)."""
-    if cpu_has_bf16():
-        return "onednn"
-    return "panel" if {"avx2", "fma"} <= set(_cpu_flags().split()) else None
 
 
 def _paddle_lib_dir() -> Path | None:
@@ -163,7 +133,7 @@ def _build_plan() -> dict:
         paddle_version,
         platform.python_version(),
         str(onednn_include),
-        _cpu_flags(),
+        cpu_flags_line(),
     ):
         digest.update(part.encode() + b"\0")
     return {

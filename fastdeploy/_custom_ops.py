@@ -1,16 +1,13 @@
 """Python signatures of the C++ kernels in ``csrc/cpu`` (vLLM's ``_custom_ops``).
 
-Layers ask :func:`has` whether a kernel is available and otherwise take their plain
-Paddle path; the first call builds or loads the library (see :mod:`fastdeploy._C`).
+Which of them the layers use is the platform's choice (:meth:`Platform.get_op_backend`),
+made once; the first call builds or loads the library (see :mod:`fastdeploy._C`).
 Each wrapper calls Paddle's custom-op runner directly: the generated Python API of
 ``cpp_extension`` adds a mode check and a decorator per call, which a decode step
 would pay ~300 times.
 """
 
 from __future__ import annotations
-
-import contextlib
-from collections.abc import Iterator
 
 import paddle
 from paddle import _C_ops
@@ -26,28 +23,9 @@ def _run(name: str, *args: object) -> list[paddle.Tensor]:
     return _run(name, *args)
 
 
-_disabled = False
-
-
 def has(op: str = "fd_paged_attention") -> bool:
-    """Whether the kernel ``op`` is built and registered in this process (and not :func:`disabled`)."""
-    return not _disabled and op in _C.load()
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Report every kernel as missing inside the block.
-
-    Layers decide once (when packing weights, or on their first call) and keep to it, so a
-    model loaded and run once inside the block stays on plain Paddle ops for good: an
-    in-process A/B baseline for benchmarks and tests.
-    """
-    global _disabled
-    saved, _disabled = _disabled, True
-    try:
-        yield
-    finally:
-        _disabled = saved
+    """Whether the kernel ``op`` is built and registered in this process."""
+    return op in _C.load()
 
 
 def linear_pack(weight: paddle.Tensor, dtype: str) -> paddle.Tensor:

@@ -1,16 +1,117 @@
-"""The CPU platform (x86-64, Paddle's CPU build)."""
+"""The CPU platform (x86-64, Paddle's CPU build), and the one reader of the CPU's features.
+
+Which kernel path runs is decided here, once per process (:meth:`CpuPlatform.get_op_backend`),
+from the CPU's flags and the C++ kernels that were built for it; layers are handed that
+choice when they are built.
+"""
 
 from __future__ import annotations
 
+import platform
+from functools import cache
 from typing import TYPE_CHECKING
 
 from fastdeploy.logger import init_logger
-from fastdeploy.platforms.interface import Platform, PlatformEnum
+from fastdeploy.platforms.interface import PADDLE_ATTN_BACKEND, OpBackend, Platform, PlatformEnum
 
 if TYPE_CHECKING:
     from fastdeploy.config import FDConfig
 
 logger = init_logger(__name__)
+
+# The CPU-attention implementation on our paged-attention kernels.
+CPU_ATTN_BACKEND = "fastdeploy.model_executor.layers.attention.cpu_attn.CpuPagedAttentionImpl"
+# The extensions that decide which kernels run, in the order collect-env lists them.
+_FEATURES_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8",
+                         "amx_tile")
+
+
+@cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's ``key : value`` lines of /proc/cpuinfo (empty where there is none)."""
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the first processor's block is enough: the cores of one machine agree
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return info
+
+
+def cpuinfo(key: str) -> str | None:
+    """One field of /proc/cpuinfo (``"model name"``, ``"flags"``, ...), None when absent."""
+    return _cpuinfo().get(key)
+
+
+def cpu_flags_line() -> str:
+    """The CPU's feature flags as /proc/cpuinfo spells them (part of the kernels' build key)."""
+    return cpuinfo("flags") or platform.processor()
+
+
+@cache
+def cpu_flags() -> frozenset[str]:
+    return frozenset(cpu_flags_line().split())
+
+
+def cpu_has_avx512() -> bool:
+    """Whether the CPU has AVX-512 (Paddle's fused CPU kernels such as fused_rms_norm assume it)."""
+    return "avx512f" in cpu_flags()
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes bf16 dot products natively (AMX-BF16 or AVX512-BF16)."""
+    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+
+
+def cpu_has_avx2_fma() -> bool:
+    return {"avx2", "fma"} <= cpu_flags()
+
+
+def bf16_linear_path() -> str | None:
+    """Which kernel runs bf16 linears on this CPU: "onednn" (AMX / AVX512-BF16), "panel" (AVX2 + FMA:
+    bf16 weights widened in registers, csrc/cpu/panel_gemm.cc) or None (no fast bf16 here)."""
+    if cpu_has_bf16():
+        return "onednn"
+    return "panel" if cpu_has_avx2_fma() else None
+
+
+def cpu_features() -> str:
+    """The CPU extensions that decide which kernels run (AVX2, AVX-512, bf16 and AMX units)."""
+    return " ".join(flag for flag in _FEATURES_OF_INTEREST if flag in cpu_flags()) or "none of interest"
+
+
+def cpu_isa() -> str:
+    """The widest instruction set the kernels use here, for logs."""
+    flags = cpu_flags()
+    if "amx_bf16" in flags:
+        return "AMX"
+    if "avx512_bf16" in flags:
+        return "AVX512-BF16"
+    if "avx512f" in flags:
+        return "AVX-512"
+    return "AVX2" if cpu_has_avx2_fma() else "x86-64"
+
+
+def _paddle_fused_rms_norm_works() -> bool:
+    """Whether Paddle's fused_rms_norm has a CPU kernel here (F.rms_norm has none on CPU).
+
+    Its CPU kernel is built for AVX-512 and dies with SIGILL on an AVX2-only CPU, which no
+    try/except can catch: without AVX-512 it is not even tried.
+    """
+    if not cpu_has_avx512():
+        return False
+    try:
+        import paddle
+        from paddle.incubate.nn.functional import fused_rms_norm
+
+        fused_rms_norm(paddle.ones([1, 4]), paddle.ones([4]), None, 1e-6, 1)
+        return True
+    except Exception:  # noqa: BLE001 - a missing kernel shows up as ImportError/RuntimeError/NotFound
+        return False
 
 
 class CpuPlatform(Platform):
@@ -49,7 +150,7 @@ class CpuPlatform(Platform):
         """Why bf16 cannot run here, or None when it can (checks the CPU, then builds/finds the kernels)."""
         from fastdeploy import _C
 
-        if _C.bf16_linear_path() is None:
+        if bf16_linear_path() is None:
             return "the CPU has neither AMX-BF16, AVX512-BF16 nor AVX2 with FMA"
         so = _C.ensure_built()
         if so is None:
@@ -61,8 +162,32 @@ class CpuPlatform(Platform):
         # Activations, norms and embeddings stay fp32; bf16 lives in the packed matmul weights and the KV cache.
         return "float32"
 
-    def get_attn_backend_cls(self) -> str:
-        return "fastdeploy.model_executor.layers.attention.paged_attention.PagedAttention"
+    _op_backend: OpBackend | None = None
+
+    def get_op_backend(self) -> OpBackend:
+        """Our kernels where they were built for this CPU (and FD_CPU_KERNELS is not 0), else plain Paddle.
+
+        Building or loading the kernels happens here, once per process; a failure has already
+        been logged by :func:`fastdeploy._C.load` and leaves the plain-Paddle backend.
+        """
+        if self._op_backend is None:
+            from fastdeploy import _C
+
+            built = _C.load()
+            attention = {"fd_paged_attention", "fd_rope_and_cache"} <= built
+            isa = "avx512" if cpu_has_avx512() else "avx2"
+            self._op_backend = OpBackend(
+                # linear.cc builds the panel kernel on AVX2 CPUs without bf16 units, oneDNN elsewhere.
+                linear=("panel" if bf16_linear_path() == "panel" else "onednn") if "fd_linear" in built else "paddle",
+                rms_norm="csrc" if {"fd_rms_norm", "fd_fused_add_rms_norm"} <= built else "paddle",
+                paddle_fused_rms_norm=_paddle_fused_rms_norm_works(),
+                silu_and_mul="csrc" if "fd_silu_and_mul" in built else "paddle",
+                attention=f"paged-{isa}" if attention else "paddle",
+                attn_backend_cls=CPU_ATTN_BACKEND if attention else PADDLE_ATTN_BACKEND,
+                decoder_layer="fd_decoder_layer" in built,
+                isa=cpu_isa() if built else "",
+            )
+        return self._op_backend
 
     def kv_cache_bytes(self, fd_config: FDConfig) -> int:
         return fd_config.cache_config.kv_cache_bytes()

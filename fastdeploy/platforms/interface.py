@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -14,6 +15,50 @@ class PlatformEnum(enum.Enum):
     CUDA = enum.auto()
     XPU = enum.auto()
     UNSPECIFIED = enum.auto()
+
+
+# The plain-Paddle attention implementation, which every platform can run.
+PADDLE_ATTN_BACKEND = "fastdeploy.model_executor.layers.attention.paddle_attn.PaddleAttentionImpl"
+
+
+@dataclass(frozen=True)
+class OpBackend:
+    """Which implementation each layer runs, chosen once by the platform at start-up.
+
+    Layers read it when they are built (:func:`fastdeploy.model_executor.custom_op.get_op_backend`)
+    and keep to it; nothing probes the hardware per call. The default is plain Paddle ops
+    everywhere, which every platform can run (``FD_CPU_KERNELS=0`` gives that).
+    """
+
+    # Matmul weights: "onednn" (packed for oneDNN), "panel" (csrc/cpu/panel_gemm.cc) or "paddle" (paddle.matmul).
+    linear: str = "paddle"
+    # "csrc" (fd_rms_norm / fd_fused_add_rms_norm) or "paddle".
+    rms_norm: str = "paddle"
+    # Whether Paddle's own fused_rms_norm has a kernel here (used by the plain-Paddle norms).
+    paddle_fused_rms_norm: bool = False
+    # "csrc" (fd_silu_and_mul) or "paddle" (F.swiglu).
+    silu_and_mul: str = "paddle"
+    # Attention backend: a name for logs ("paged-avx512", "paged-avx2", "paddle") and the class layers build.
+    attention: str = "paddle"
+    attn_backend_cls: str = PADDLE_ATTN_BACKEND
+    # Whether a whole Llama-style decoder layer runs as one kernel (fd_decoder_layer) once its weights are packed.
+    decoder_layer: bool = False
+    # The instruction set the kernels were built for, for logs ("AVX512-BF16", "AVX2", ...).
+    isa: str = ""
+
+    def uses_kernel(self, op: str) -> bool:
+        """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention") runs our kernel."""
+        return getattr(self, op) != "paddle"
+
+    def describe(self, dtype: str = "float32") -> str:
+        """One line for the start-up log and ``collect-env``, e.g. ``linear: panel-bf16 (AVX2), attention: ...``."""
+        short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+        linear = "paddle-fp32" if self.linear == "paddle" else f"{self.linear}-{short}"
+        isa = f" ({self.isa})" if self.isa else ""
+        norm = self.rms_norm if self.rms_norm != "paddle" or not self.paddle_fused_rms_norm else "paddle-fused"
+        layer = "fused" if self.decoder_layer else "per-op"
+        return (f"linear: {linear}{isa}, attention: {self.attention}, rms_norm: {norm}, "
+                f"silu_and_mul: {self.silu_and_mul}, decoder layer: {layer}")
 
 
 class Platform:
@@ -49,9 +94,13 @@ class Platform:
         """Dtype model parameters and activations are created in for the compute dtype ``dtype``."""
         return dtype
 
+    def get_op_backend(self) -> OpBackend:
+        """The kernels layers run on this platform (decided once per process)."""
+        return OpBackend()
+
     def get_attn_backend_cls(self) -> str:
-        """Dotted path of the attention backend class."""
-        raise NotImplementedError
+        """Dotted path of the attention backend class (the implementation :class:`PagedAttention` builds)."""
+        return self.get_op_backend().attn_backend_cls
 
     def kv_cache_bytes(self, fd_config: FDConfig) -> int:
         """Bytes the KV cache may take."""

@@ -12,7 +12,9 @@ import pytest
 
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
+from fastdeploy.model_executor.custom_op import set_op_backend
 from fastdeploy.model_executor.layers.attention.paged_attention import PagedAttention
+from fastdeploy.platforms.interface import OpBackend
 from tests.csrc.conftest import bf16_round
 
 H, KVH = 6, 2
@@ -58,8 +60,8 @@ class Batch:
 
     def paddle_reference(self):
         """The plain-Paddle path on fp32 caches (re-writing this step's K/V, which are already there)."""
-        attn = PagedAttention(H, self.d, self.d**-0.5, KVH)
-        object.__setattr__(attn, "_use_kernels", False)
+        with set_op_backend(OpBackend()):
+            attn = PagedAttention(H, self.d, self.d**-0.5, KVH)
         caches = (paddle.to_tensor(self.kv_fp32[0]), paddle.to_tensor(self.kv_fp32[1]))
         slots = self.md.slot_mapping.numpy()
         k = self.kv_fp32[0].reshape(-1, KVH, self.d)[slots]

@@ -9,7 +9,10 @@ from tests.model_executor.utils import PagedRunner, build_tiny_checkpoint, load_
 def _logits(model, fused: bool) -> np.ndarray:
     """A prefill, a chunk over cached context beside a decode, then two decodes; logits of every step."""
     for layer in model.model.layers:
-        object.__setattr__(layer, "_fused_args", None if fused else False)
+        if fused:
+            layer.process_weights_after_loading()  # what loading did: the fused kernel's arguments
+        else:
+            object.__setattr__(layer, "_fused_args", None)
     runner = PagedRunner(model, num_blocks=32, block_size=4, seed=1)
     runner.add("a", list(range(5, 30)))
     runner.add("b", list(range(40, 52)))
@@ -20,7 +23,7 @@ def _logits(model, fused: bool) -> np.ndarray:
         runner.append("a", token)
         runner.append("b", token)
         out.append(runner.step([("a", 1), ("b", 1)]).numpy())
-    assert all(bool(layer._fused_args) == fused for layer in model.model.layers)
+    assert all((layer._fused_args is not None) == fused for layer in model.model.layers)
     return np.concatenate(out)
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import paddle
 import pytest
 
-from fastdeploy import _C
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear
+from fastdeploy.platforms.cpu import bf16_linear_path
 from tests.csrc.conftest import bf16_round
 
 rng = np.random.default_rng(0)
@@ -110,7 +110,7 @@ def test_every_tile_shape_and_a_partial_column_panel(dtype):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"M={m}")
 
 
-@pytest.mark.skipif(_C.bf16_linear_path() != "panel", reason="a property of the panel kernel (AVX2 CPUs)")
+@pytest.mark.skipif(bf16_linear_path() != "panel", reason="a property of the panel kernel (AVX2 CPUs)")
 def test_outputs_do_not_depend_on_the_thread_count():
     """Two OpenMP threads split the output columns: each element is still one K-ordered sum."""
     code = (

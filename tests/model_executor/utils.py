@@ -107,11 +107,11 @@ def load_our_model(path: str, gguf_file: str | None = None, load_format: str = "
 
 def named_weights(model) -> dict[str, np.ndarray]:
     """Every parameter of ``model`` as numpy, with packed matmul weights unpacked under their ``.weight`` names."""
-    from fastdeploy.model_executor.layers.linear import PackedWeightMixin
+    from fastdeploy.model_executor.layers.linear import LinearBase
 
     weights = {name: p.numpy() for name, p in model.named_parameters()}
     for name, layer in model.named_sublayers():
-        if isinstance(layer, PackedWeightMixin) and layer.is_packed:
+        if isinstance(layer, LinearBase) and layer.is_packed:
             weights[f"{name}.weight"] = layer.dense_weight().numpy()
     return weights
 

@@ -9,6 +9,7 @@ import platform
 import sys
 
 from fastdeploy.entrypoints.cli.types import CLISubcommand
+from fastdeploy.platforms.cpu import cpu_features, cpuinfo
 
 _PACKAGES = ("fastdeploy", "paddlepaddle", "paddlepaddle-gpu", "paddleformers", "torch", "transformers", "tokenizers",
              "safetensors", "gguf", "numpy", "fastapi", "uvicorn", "openai", "pyzmq", "msgspec", "prometheus-client",
@@ -16,23 +17,14 @@ _PACKAGES = ("fastdeploy", "paddlepaddle", "paddlepaddle-gpu", "paddleformers", 
 _ENV_PREFIXES = ("FD_", "VLLM_", "OMP_", "MKL_", "CUDA_VISIBLE_DEVICES", "FLAGS_")
 
 
-def cpuinfo(key: str) -> str | None:
-    """The first ``key : value`` of /proc/cpuinfo."""
+def _kernel_paths() -> str:
+    """The kernels layers would run here in the default dtype (builds the kernels once if needed)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(key):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+        from fastdeploy.platforms import current_platform
 
-
-def cpu_features() -> str:
-    """The CPU extensions that decide which kernels run (AVX2, AVX-512, bf16 and AMX units)."""
-    flags = set((cpuinfo("flags") or "").split())
-    wanted = ["avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile"]
-    return " ".join(flag for flag in wanted if flag in flags) or "none of interest"
+        return current_platform.get_op_backend().describe(current_platform.resolve_dtype("auto"))
+    except Exception as e:  # a broken install is exactly what this report is for
+        return f"unknown: {e}"
 
 
 def _memory() -> str:
@@ -61,6 +53,7 @@ def collect_env() -> list[tuple[str, str]]:
         ("CPU", cpuinfo("model name") or platform.processor() or "unknown"),
         ("CPU cores (usable)", str(len(os.sched_getaffinity(0)))),
         ("CPU features", cpu_features()),
+        ("Kernel paths", _kernel_paths()),
         ("Memory", _memory()),
         ("Paddle", _paddle()),
     ]

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import paddle
 import paddle.nn.functional as F
-from paddle import nn
 
 from fastdeploy import _custom_ops as ops
+from fastdeploy.model_executor.custom_op import CustomOp
 
 
-class SiluAndMul(nn.Layer):
+class SiluAndMul(CustomOp):
     """``silu(x[..., :d]) * x[..., d:]`` for ``x`` of last dimension ``2d`` (fused gate/up output)."""
 
-    # Whether the C++ kernel runs this (decided on the first call, once the kernels are loaded).
-    _use_kernel: bool | None = None
+    op_name = "silu_and_mul"
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        if self._use_kernel is None:
-            object.__setattr__(self, "_use_kernel", ops.has("fd_silu_and_mul"))
-        if self._use_kernel and x.dtype == paddle.float32:
-            return ops.silu_and_mul(x)
+    def forward_native(self, x: paddle.Tensor) -> paddle.Tensor:
         # One op: swiglu splits its single input in halves itself (about 2x faster
         # than split + silu + multiply on CPU).
         return F.swiglu(x)
+
+    def forward_cpu(self, x: paddle.Tensor) -> paddle.Tensor:
+        return ops.silu_and_mul(x)

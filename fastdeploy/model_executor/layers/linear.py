@@ -1,88 +1,138 @@
-"""Linear layers with vLLM's names. Weights are stored ``[in, out]`` so the forward is one ``paddle.matmul``.
+"""Linear layers with vLLM's names and its layer-method interface. Weights are stored ``[in, out]``.
 
-Tensor parallelism is not implemented yet (tp size 1): the Column/Row variants differ
-only in how a checkpoint is loaded into them. Checkpoint weights arrive in Hugging
-Face's ``[out, in]`` layout and are transposed once at load time.
+Each layer gets a :class:`LinearMethodBase` when it is built (vLLM's ``quant_method``):
+``create_weights`` registers the parameters the checkpoint is loaded into,
+``process_weights_after_loading`` converts them once, ``apply`` is the forward. Without a
+quantization config the method is :class:`UnquantizedLinearMethod`: on the kernel backend it
+packs each weight once, in bf16 or fp32, into the layout of the linear kernel
+(``csrc/cpu/linear.cc``: oneDNN on AMX / AVX512-BF16 CPUs, the 16-column panel kernel of
+``csrc/cpu/panel_gemm.cc`` on AVX2 ones; fp32 accumulation either way) and drops the fp32
+parameter; on the plain-Paddle backend the forward is ``paddle.matmul``.
 
-After loading, :meth:`PackedWeightMixin.process_weights_after_loading` converts each
-weight once into the packed layout of the linear kernel (``csrc/cpu/linear.cc``), in bf16 or
-fp32, and drops the fp32 parameter; the forward then runs that kernel (oneDNN on AMX /
-AVX512-BF16 CPUs, the 16-column panel kernel of ``csrc/cpu/panel_gemm.cc`` on AVX2 ones;
-fp32 accumulation either way). Without the kernel the weight stays and the forward is
-``paddle.matmul``.
+Tensor parallelism is not implemented yet (tp size 1): the Column/Row variants differ only
+in how a checkpoint is loaded into them. Checkpoint weights arrive in Hugging Face's
+``[out, in]`` layout and are transposed once at load time.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import paddle
 from paddle import nn
 
 from fastdeploy import _custom_ops as ops
+from fastdeploy.model_executor.custom_op import get_op_backend
+from fastdeploy.model_executor.layers.quantization.base_config import QuantizeMethodBase
 from fastdeploy.model_executor.utils import load_into, load_into_slice, new_parameter, param_dtype
+
+if TYPE_CHECKING:
+    from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
+    from fastdeploy.platforms.interface import OpBackend
 
 # Compute dtypes the packed-weight kernel takes.
 PACKED_DTYPES = ("float32", "bfloat16")
 
 
-class PackedWeightMixin:
-    """``y = x @ weight (+ bias)`` for a layer with ``weight`` ``[in, out]``, packable for the oneDNN kernel.
+class LinearMethodBase(QuantizeMethodBase):
+    """How a linear layer holds its weight and multiplies with it (vLLM's ``LinearMethodBase``)."""
 
-    After :meth:`process_weights_after_loading` the packed copy is the buffer ``packed_weight``
-    and the fp32 ``weight`` parameter is gone (``weight`` is None).
+    def create_weights(self, layer: LinearBase, input_size: int, output_size: int, bias: bool, dtype: str) -> None:
+        """Register ``weight`` (and ``bias``) on ``layer`` in the layout the checkpoint is loaded into."""
+        raise NotImplementedError
+
+    def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
+        """``x @ W (+ b)`` on the processed weight."""
+        raise NotImplementedError
+
+    def dense_weight(self, layer: LinearBase) -> paddle.Tensor:
+        """The ``[in, out]`` fp32 weight (for inspection and export, not the forward)."""
+        raise NotImplementedError
+
+
+class UnquantizedLinearMethod(LinearMethodBase):
+    """fp32 checkpoint weights, packed once for the linear kernel in fp32 or bf16, or kept for ``paddle.matmul``.
+
+    Args:
+        backend: the platform's kernel choice; packing happens only where its linear path is a kernel.
     """
 
-    # (packed, bias, out_features, dtype): the kernel's arguments in one plain attribute, because
-    # Paddle resolves parameters and buffers through Layer.__getattr__ (~1 us per access).
+    def __init__(self, backend: OpBackend | None = None) -> None:
+        self.use_kernel = (backend or get_op_backend()).uses_kernel("linear")
+
+    def create_weights(self, layer: LinearBase, input_size: int, output_size: int, bias: bool, dtype: str) -> None:
+        layer.weight = new_parameter([input_size, output_size], dtype)
+        layer.bias = new_parameter([output_size], dtype) if bias else None
+
+    def process_weights_after_loading(self, layer: LinearBase, dtype: str) -> bool:
+        """Pack the loaded weight once for ``dtype`` ("float32" or "bfloat16"); False where it stays unpacked."""
+        if layer._packed_args is not None:
+            return True
+        weight = layer.weight
+        if not self.use_kernel or dtype not in PACKED_DTYPES or weight is None or param_dtype(weight) != "float32":
+            return False
+        packed = ops.linear_pack(weight, dtype)
+        layer.register_buffer("packed_weight", packed, persistable=True)
+        object.__setattr__(layer, "_packed_args", (packed, layer.bias, int(weight.shape[1]), dtype))
+        object.__setattr__(layer, "_packed_in", int(weight.shape[0]))
+        # The packed copy replaces the fp32 weight: keeping both would double the weights' memory.
+        layer.weight = None
+        return True
+
+    def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
+        args = layer._packed_args
+        if args is not None:
+            return ops.linear(x, *args)
+        # Not packed (plain-Paddle backend, or before loading finished): a separate add, because
+        # F.linear's fused path is slower than matmul + add on CPU.
+        out = paddle.matmul(x, layer.weight)
+        return out if layer.bias is None else out + layer.bias
+
+    def dense_weight(self, layer: LinearBase) -> paddle.Tensor:
+        if layer._packed_args is None:
+            return layer.weight
+        packed, _, n, dtype = layer._packed_args
+        return ops.linear_unpack(packed, layer._packed_in, n, dtype)
+
+
+class LinearBase(nn.Layer):
+    """``y = x @ W (+ b)`` with ``W`` of shape ``[input_size, output_size]``, computed by its linear method.
+
+    Args:
+        quant_config: the model's quantization config; None (or a config that skips this
+            layer) gives :class:`UnquantizedLinearMethod`.
+        prefix: the layer's checkpoint name, for the quantization config.
+    """
+
+    # (packed, bias, out_features, dtype) once packed: the kernel's arguments in one plain attribute,
+    # because Paddle resolves parameters and buffers through Layer.__getattr__ (~1 us per access).
     _packed_args: tuple | None = None
     _packed_in: int = 0  # K of the packed [K, N] weight
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, dtype: str = "float32",
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        method = quant_config.get_quant_method(self, prefix) if quant_config is not None else None
+        object.__setattr__(self, "quant_method", method or UnquantizedLinearMethod())
+        self.quant_method.create_weights(self, input_size, output_size, bias, dtype)
 
     @property
     def is_packed(self) -> bool:
         return self._packed_args is not None
 
     def process_weights_after_loading(self, dtype: str) -> bool:
-        """Pack the loaded weight once for ``dtype`` ("float32" or "bfloat16"); False when the kernel is missing."""
-        if self._packed_args is not None:
-            return True
-        weight = self.weight
-        if dtype not in PACKED_DTYPES or weight is None or param_dtype(weight) != "float32":
-            return False
-        if not ops.has("fd_linear"):
-            return False
-        packed = ops.linear_pack(weight, dtype)
-        self.register_buffer("packed_weight", packed, persistable=True)
-        object.__setattr__(self, "_packed_args", (packed, self.bias, int(weight.shape[1]), dtype))
-        object.__setattr__(self, "_packed_in", int(weight.shape[0]))
-        # The packed copy replaces the fp32 weight: keeping both would double the weights' memory.
-        self.weight = None
-        return True
+        """Convert the loaded weights once for the compute ``dtype``; False where they stay as loaded."""
+        return self.quant_method.process_weights_after_loading(self, dtype)
 
     def dense_weight(self) -> paddle.Tensor:
         """The ``[in, out]`` fp32 weight, unpacked again when packed (for inspection and export, not the forward)."""
-        if self._packed_args is None:
-            return self.weight
-        packed, _, n, dtype = self._packed_args
-        return ops.linear_unpack(packed, self._packed_in, n, dtype)
+        return self.quant_method.dense_weight(self)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        """``x @ W (+ b)``: the packed kernel when packed, else ``paddle.matmul``."""
-        if self._packed_args is not None:
-            return ops.linear(x, *self._packed_args)
-        out = paddle.matmul(x, self.weight)
-        # A separate add: F.linear's fused path is slower than matmul + add on CPU.
-        return out if self.bias is None else out + self.bias
-
-
-class LinearBase(PackedWeightMixin, nn.Layer):
-    """``y = x @ W (+ b)`` with ``W`` of shape ``[input_size, output_size]``."""
-
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, dtype: str = "float32") -> None:
-        super().__init__()
-        self.input_size = input_size
-        self.output_size = output_size
-        self.weight = new_parameter([input_size, output_size], dtype)
-        self.bias = new_parameter([output_size], dtype) if bias else None
+        return self.quant_method.apply(self, x)
 
     def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
         """Load a Hugging Face tensor (weight ``[out, in]`` or bias ``[out]``) into ``param``."""
@@ -92,6 +142,18 @@ class LinearBase(PackedWeightMixin, nn.Layer):
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+
+
+def process_linear_weights(model: nn.Layer, dtype: str) -> str:
+    """Run every linear layer's ``process_weights_after_loading``; returns the dtype the matmuls compute in.
+
+    Raises:
+        RuntimeError: ``dtype`` is bfloat16 but some linear layer cannot compute in it (no kernel).
+    """
+    packed = [m.process_weights_after_loading(dtype) for m in model.sublayers() if isinstance(m, LinearBase)]
+    if dtype == "bfloat16" and not all(packed):
+        raise RuntimeError("bfloat16 needs the C++ linear kernel (csrc/cpu), which is not available.")
+    return dtype if packed and all(packed) else "float32"
 
 
 class ReplicatedLinear(LinearBase):
@@ -109,8 +171,9 @@ class RowParallelLinear(LinearBase):
 class _FusedColumnLinear(ColumnParallelLinear):
     """Several projections of the same input concatenated along the output dimension."""
 
-    def __init__(self, input_size: int, shard_sizes: dict[object, int], bias: bool, dtype: str) -> None:
-        super().__init__(input_size, sum(shard_sizes.values()), bias=bias, dtype=dtype)
+    def __init__(self, input_size: int, shard_sizes: dict[object, int], bias: bool, dtype: str,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+        super().__init__(input_size, sum(shard_sizes.values()), bias, dtype, quant_config, prefix)
         self.shard_offsets: dict[object, tuple[int, int]] = {}
         offset = 0
         for shard, size in shard_sizes.items():
@@ -142,8 +205,9 @@ class _FusedColumnLinear(ColumnParallelLinear):
 class MergedColumnParallelLinear(_FusedColumnLinear):
     """Projections such as gate and up fused into one matmul; shards are numbered 0, 1, ..."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, dtype: str = "float32") -> None:
-        super().__init__(input_size, dict(enumerate(output_sizes)), bias, dtype)
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, dtype: str = "float32",
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+        super().__init__(input_size, dict(enumerate(output_sizes)), bias, dtype, quant_config, prefix)
         self.output_sizes = list(output_sizes)
 
 
@@ -158,10 +222,12 @@ class QKVParallelLinear(_FusedColumnLinear):
         total_num_kv_heads: int | None = None,
         bias: bool = False,
         dtype: str = "float32",
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
     ) -> None:
         kv_heads = total_num_kv_heads or total_num_heads
         sizes = {"q": total_num_heads * head_size, "k": kv_heads * head_size, "v": kv_heads * head_size}
-        super().__init__(hidden_size, sizes, bias, dtype)
+        super().__init__(hidden_size, sizes, bias, dtype, quant_config, prefix)
         self.head_size = head_size
         self.num_heads = total_num_heads
         self.num_kv_heads = kv_heads

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from fastdeploy.model_executor.layers.linear import PackedWeightMixin
+from fastdeploy.model_executor.layers.linear import LinearBase
 from fastdeploy.model_executor.utils import load_into, new_parameter
+
+if TYPE_CHECKING:
+    from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
 
 
 class VocabParallelEmbedding(nn.Layer):
@@ -31,25 +36,20 @@ class VocabParallelEmbedding(nn.Layer):
         return f"{self.num_embeddings}, {self.embedding_dim}"
 
 
-class ParallelLMHead(PackedWeightMixin, nn.Layer):
+class ParallelLMHead(LinearBase):
     """Output projection to the vocabulary, stored ``[hidden, vocab]`` for a plain matmul.
 
     With tied embeddings the table is copied transposed from the embedding at load time:
     on CPU ``matmul(x, W)`` is ~1.7x faster than ``matmul(x, E, transpose_y=True)`` at
     batch 1, which is worth the extra copy of the table. Like the linear layers, the head
-    is packed for the oneDNN kernel after loading (:class:`PackedWeightMixin`).
+    runs on its linear method (packed for the linear kernel after loading).
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, dtype: str = "float32") -> None:
-        super().__init__()
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, dtype: str = "float32",
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+        super().__init__(embedding_dim, num_embeddings, bias, dtype, quant_config, prefix)
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
-        self.weight = new_parameter([embedding_dim, num_embeddings], dtype)
-        self.bias = new_parameter([num_embeddings], dtype) if bias else None
-
-    def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
-        """Load the HF ``lm_head.weight`` ``[vocab, hidden]`` (or its bias)."""
-        load_into(param, loaded.T if param is self.weight else loaded, type(self).__name__)
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> ParallelLMHead:
         """Copy the embedding table (tied word embeddings)."""

@@ -12,6 +12,7 @@ import paddle
 from paddle import nn
 
 from fastdeploy.logger import init_logger
+from fastdeploy.model_executor.custom_op import get_op_backend, set_op_backend
 from fastdeploy.model_executor.model_loader.weight_utils import (
     gguf_weights_iterator,
     pt_files,
@@ -104,7 +105,9 @@ def get_model(model_config: Any, load_config: Any = None) -> nn.Layer:
     dtype = model_config.dtype if model_config.dtype not in (None, "auto") else "float32"
     load_format = getattr(load_config, "load_format", "auto") if load_config is not None else "auto"
     start = time.perf_counter()
-    with paddle.no_grad():
+    backend = get_op_backend()
+    logger.info("Kernel paths: %s.", backend.describe(dtype))
+    with paddle.no_grad(), set_op_backend(backend):
         # Parameters live in the platform's storage dtype (fp32 on CPU); models that can,
         # convert their weights for the compute dtype once loaded (packed bf16 matmul weights).
         model = model_cls(hf_config, dtype=current_platform.param_dtype(dtype))

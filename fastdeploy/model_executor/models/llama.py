@@ -21,15 +21,16 @@ from paddle import nn
 
 from fastdeploy import _custom_ops as ops
 from fastdeploy.logger import init_logger
+from fastdeploy.model_executor.custom_op import get_op_backend
 from fastdeploy.model_executor.layers.activation import SiluAndMul
 from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
 from fastdeploy.model_executor.layers.attention.paged_attention import PagedAttention
 from fastdeploy.model_executor.layers.layernorm import RMSNorm, rms_norm
 from fastdeploy.model_executor.layers.linear import (
     MergedColumnParallelLinear,
-    PackedWeightMixin,
     QKVParallelLinear,
     RowParallelLinear,
+    process_linear_weights,
 )
 from fastdeploy.model_executor.layers.logits_processor import LogitsProcessor
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
@@ -97,11 +98,12 @@ class QKNorm(nn.Layer):
         self.num_heads, self.num_kv_heads, self.head_dim, self.eps = num_heads, num_kv_heads, head_dim, eps
         self.weight = new_parameter([num_heads + num_kv_heads, head_dim], dtype, fill=1.0)
         self.register_buffer("ones", paddle.ones([head_dim], dtype=dtype), persistable=False)
+        self._paddle_fused = get_op_backend().paddle_fused_rms_norm
 
     shard_ids = ("q", "k")
 
     def forward(self, qk: paddle.Tensor) -> paddle.Tensor:
-        return rms_norm(qk, self.ones, self.eps)[0] * self.weight
+        return rms_norm(qk, self.ones, self.eps, fused=self._paddle_fused)[0] * self.weight
 
     def kernel_args(self) -> tuple[paddle.Tensor, float]:
         """(weight ``[H + KVH, D]``, eps) for the fused rope kernel, which normalizes each head itself."""
@@ -156,9 +158,9 @@ class LlamaAttention(nn.Layer):
 class LlamaDecoderLayer(nn.Layer):
     """Pre-norm decoder block; the residual stream is carried separately so norms fuse the add.
 
-    Once its matmul weights are packed, the whole block runs as one fused kernel
-    (``fd_decoder_layer``, the same kernels in the same order as the separate layers), which
-    saves eight trips per layer through Paddle's custom-op dispatch.
+    Where the platform built the fused kernel and the matmul weights are packed, the whole
+    block runs as one kernel (``fd_decoder_layer``, the same kernels in the same order as the
+    separate layers), which saves eight trips per layer through Paddle's custom-op dispatch.
     """
 
     def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str) -> None:
@@ -169,18 +171,23 @@ class LlamaDecoderLayer(nn.Layer):
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
         self.intermediate_size = hf_config.intermediate_size
+        self._fusable = get_op_backend().decoder_layer and self.input_layernorm.uses_kernel
 
-    # The fused kernel's per-layer arguments ((before the step's tensors), (after)), False when the
-    # layer cannot run fused, None until decided (after loading, on the first call).
-    _fused_args: tuple | bool | None = None
+    # The fused kernel's per-layer arguments ((before the step's tensors), (after)), set once the
+    # weights are packed (process_weights_after_loading); None: the layer runs op by op.
+    _fused_args: tuple | None = None
 
-    def _build_fused_args(self) -> tuple | bool:
+    def process_weights_after_loading(self) -> None:
+        """Switch to the fused kernel when the platform built it and every matmul of the layer is packed."""
+        object.__setattr__(self, "_fused_args", self._build_fused_args())
+
+    def _build_fused_args(self) -> tuple | None:
         attn, mlp = self.self_attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not ops.has("fd_decoder_layer") or not all(m.is_packed for m in linears):
-            return False
+        if not self._fusable or not all(m.is_packed for m in linears):
+            return None
         if len({m._packed_args[3] for m in linears}) != 1:  # one compute dtype for the whole layer
-            return False
+            return None
         (qkv, qkv_b, _, dtype), (o, o_b, _, _), (gu, gu_b, _, _), (down, down_b, _, _) = (
             m._packed_args for m in linears
         )
@@ -202,10 +209,7 @@ class LlamaDecoderLayer(nn.Layer):
         attn_metadata: AttentionMetadata,
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
         fused = self._fused_args
-        if fused is None:
-            fused = self._build_fused_args()
-            object.__setattr__(self, "_fused_args", fused)
-        if fused and attn_metadata.has_kernel_fields:
+        if fused is not None and attn_metadata.has_kernel_fields:
             if residual is None:  # a zero residual makes the layer's first add exact
                 residual = paddle.zeros_like(hidden_states)
             md = attn_metadata
@@ -321,7 +325,7 @@ class LlamaForCausalLM(nn.Layer):
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
     def process_weights_after_loading(self, dtype: str) -> None:
-        """Pack every matmul weight (projections and LM head) once for the oneDNN kernel in ``dtype``.
+        """Pack every matmul weight (projections and LM head) once for the linear kernel in ``dtype``.
 
         In bfloat16 the KV cache is bf16 too (half the memory and bandwidth; attention still
         computes in fp32). Without the kernels the weights stay fp32 for ``paddle.matmul``.
@@ -329,11 +333,9 @@ class LlamaForCausalLM(nn.Layer):
         Raises:
             RuntimeError: ``dtype`` is bfloat16 but the kernels are not available.
         """
-        layers = [m for m in self.sublayers() if isinstance(m, PackedWeightMixin)]
-        packed = [m.process_weights_after_loading(dtype) for m in layers]
-        if dtype == "bfloat16" and not all(packed):
-            raise RuntimeError("bfloat16 needs the C++ oneDNN linear kernel (csrc/cpu), which is not available.")
-        self.compute_dtype = dtype if all(packed) else "float32"
+        self.compute_dtype = process_linear_weights(self, dtype)
+        for layer in self.model.layers:
+            layer.process_weights_after_loading()
         self.kv_cache_dtype = "bfloat16" if self.compute_dtype == "bfloat16" else "float32"
 
     def compute_logits(self, hidden_states: paddle.Tensor) -> paddle.Tensor:

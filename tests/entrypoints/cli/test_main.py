@@ -71,6 +71,11 @@ def test_serve_model_positional_option_or_default(tmp_path):
 def test_collect_env_reports_versions():
     rows = dict(collect_env())
     assert "Python" in rows and "Paddle" in rows and "CPU cores (usable)" in rows
+    # The kernel paths the platform chose, as the start-up log names them.
+    from fastdeploy.platforms import current_platform
+
+    want = current_platform.get_op_backend().describe(current_platform.resolve_dtype("auto"))
+    assert rows["Kernel paths"] == want and want.startswith("linear: ")
 
 
 @pytest.mark.parametrize("command", ["serve", "chat", "complete", "collect-env"])

@@ -1,87 +1,31 @@
-"""Attention over the paged KV cache: the C++ kernel when built, plain Paddle ops otherwise.
+"""The attention layer of every model: paged KV cache, implementation chosen by the platform.
 
-Kernel path (``csrc/cpu``): :meth:`PagedAttention.forward_qkv` takes the fused QKV
-projection output and runs two ops: ``fd_rope_and_cache`` (optional q/k RMSNorm, RoPE
-in place, this step's K/V written to the cache at ``slot_mapping``) and
-``fd_paged_attention``, which reads the queries from the same buffer and every key and
-value through the block table, for decodes and (chunked) prefills in one call.
-
-Plain-Paddle path (no kernels, or metadata built without block tables): each step
-writes this step's K/V into the cache through ``slot_mapping``, then reads every
-sequence's context back through its slots:
-
-- decodes (the first ``num_decodes`` rows, one query each) run batched: the cache is
-  viewed as ``[num_slots * KVH, D]`` and gathered with per-(request, kv head) row
-  indices so K lands directly as ``[decodes, KVH, L, D]`` (no transpose), queries are
-  grouped as ``[decodes, KVH, group, D]`` (no repeat of KV heads);
-- each prefill (or chunked prefill) sequence runs on its own, causal with an offset.
-
-Index tensors derived from the metadata are built once per step and shared by all
-layers: they are cached on the class, keyed by the identity of the metadata object,
-so the model runner must build a new :class:`AttentionMetadata` every step rather than
-mutate one in place.
+:class:`PagedAttention` (vLLM's ``Attention`` layer) builds, once, the implementation class
+the platform names (:meth:`Platform.get_attn_backend_cls`, carried by the op backend the
+model is built with): :class:`~fastdeploy.model_executor.layers.attention.cpu_attn.CpuPagedAttentionImpl`
+on our CPU kernels, or :class:`~fastdeploy.model_executor.layers.attention.paddle_attn.PaddleAttentionImpl`
+in plain Paddle ops.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import importlib
+from functools import cache
 
-import numpy as np
 import paddle
-import paddle.nn.functional as F
 from paddle import nn
 
-from fastdeploy import _custom_ops as ops
+from fastdeploy.model_executor.custom_op import get_op_backend
 from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
+from fastdeploy.model_executor.layers.attention.paddle_attn import PaddleAttentionImpl
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 
-@dataclass
-class _PrefillPlan:
-    start: int
-    query_len: int
-    context_len: int
-    kv_rows: paddle.Tensor | None  # [KVH, context_len] rows of the [slots * KVH, D] view; None: use this step's K/V
-    mask: paddle.Tensor  # [query_len, context_len] additive
-
-
-@dataclass
-class _StepPlan:
-    metadata: AttentionMetadata
-    num_kv_heads: int
-    decode_rows: paddle.Tensor | None  # [num_decodes, KVH, max_context_len]
-    prefills: list[_PrefillPlan]
-    # (cos, sin) of this step's positions per rotary embedding, gathered once for all layers.
-    rope: dict[int, tuple[paddle.Tensor, paddle.Tensor]] = field(default_factory=dict)
-
-
-def _causal_mask(query_len: int, context_len: int) -> paddle.Tensor:
-    """Query i (at position context_len - query_len + i) sees keys 0 .. that position."""
-    offset = context_len - query_len
-    mask = np.triu(np.full((query_len, context_len), -np.inf, dtype=np.float32), k=offset + 1)
-    return paddle.to_tensor(mask)
-
-
-def _kv_rows(slots: paddle.Tensor, num_kv_heads: int) -> paddle.Tensor:
-    """Rows ``slot * KVH + h`` of the ``[slots * KVH, D]`` cache view, laid out ``[..., KVH, L]``."""
-    heads = paddle.arange(num_kv_heads, dtype="int64").reshape([num_kv_heads, 1])
-    return slots.unsqueeze(-2) * num_kv_heads + heads
-
-
-def _build_plan(md: AttentionMetadata, num_kv_heads: int) -> _StepPlan:
-    decode_rows = None
-    if md.num_decodes:
-        if md.decode_slots is None or md.decode_mask is None:
-            raise ValueError("AttentionMetadata has num_decodes > 0 but no decode_slots / decode_mask.")
-        decode_rows = _kv_rows(md.decode_slots, num_kv_heads)
-    prefills = []
-    for seq in md.prefills:
-        # A sequence with no cached context attends only to this step's K/V: use them directly.
-        fresh = seq.context_len == seq.query_len
-        rows = None if fresh else _kv_rows(seq.context_slots, num_kv_heads)
-        mask = seq.causal_mask if seq.causal_mask is not None else _causal_mask(seq.query_len, seq.context_len)
-        prefills.append(_PrefillPlan(seq.query_start, seq.query_len, seq.context_len, rows, mask))
-    return _StepPlan(md, num_kv_heads, decode_rows, prefills)
+@cache
+def resolve_attn_backend(dotted_path: str) -> type[PaddleAttentionImpl]:
+    """The implementation class at ``dotted_path`` ("package.module.Class")."""
+    module, _, name = dotted_path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
 
 class PagedAttention(nn.Layer):
@@ -94,54 +38,22 @@ class PagedAttention(nn.Layer):
         num_kv_heads: key/value heads KVH (H must be a multiple); defaults to H.
     """
 
-    _plan: _StepPlan | None = None  # shared by the layers of one forward
-
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int | None = None) -> None:
         super().__init__()
+        impl_cls = resolve_attn_backend(get_op_backend().attn_backend_cls)
+        # A plain attribute: the forward reaches it without Layer.__getattr__.
+        object.__setattr__(self, "impl", impl_cls(num_heads, head_dim, scale, num_kv_heads))
         self.num_heads = num_heads
         self.head_dim = head_dim
-        self.scale = float(scale)
-        self.num_kv_heads = num_kv_heads or num_heads
-        if num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads}).")
-        self.group = num_heads // self.num_kv_heads
-        # Views of this layer's cache tensors, kept while the runner keeps the same tensors.
-        self._views: tuple[paddle.Tensor, ...] | None = None
+        self.num_kv_heads = self.impl.num_kv_heads
 
-    # Whether the C++ kernels are used (decided on the first call, once the kernels are loaded).
-    _use_kernels: bool | None = None
+    @property
+    def scale(self) -> float:
+        return self.impl.scale
 
-    def _cache_views(self, kv_cache: tuple[paddle.Tensor, paddle.Tensor]) -> tuple[paddle.Tensor, ...]:
-        k_cache, v_cache = kv_cache
-        views = self._views
-        if views is None or views[0] is not k_cache or views[1] is not v_cache:
-            kvh, d = self.num_kv_heads, self.head_dim
-            # reshape of a contiguous tensor is a view in Paddle: writes go to the cache itself.
-            views = (
-                k_cache,
-                v_cache,
-                k_cache.reshape([-1, kvh, d]),  # [slots, KVH, D] for the per-token writes
-                v_cache.reshape([-1, kvh, d]),
-                k_cache.reshape([-1, d]),  # [slots * KVH, D] for the per-(slot, head) reads
-                v_cache.reshape([-1, d]),
-            )
-            self._views = views
-        return views
-
-    def _step_plan(self, md: AttentionMetadata) -> _StepPlan:
-        plan = PagedAttention._plan
-        if plan is None or plan.metadata is not md or plan.num_kv_heads != self.num_kv_heads:
-            plan = _build_plan(md, self.num_kv_heads)
-            PagedAttention._plan = plan
-        return plan
-
-    def _kernel_ready(self, attn_metadata: AttentionMetadata) -> bool:
-        """Whether this call can run on the C++ kernels (decided once per layer, then per metadata)."""
-        use = self._use_kernels
-        if use is None:
-            use = ops.has("fd_paged_attention") and ops.has("fd_rope_and_cache")
-            object.__setattr__(self, "_use_kernels", use)
-        return use and attn_metadata.has_kernel_fields
+    @scale.setter
+    def scale(self, value: float) -> None:
+        self.impl.scale = float(value)
 
     def forward_qkv(
         self,
@@ -154,42 +66,11 @@ class PagedAttention(nn.Layer):
     ) -> paddle.Tensor:
         """Attention of a fused QKV projection output ``[T, (H + 2 KVH) D]`` -> ``[T, H D]``.
 
-        Applies ``qk_norm`` (per-head RMSNorm of queries and keys stacked ``[T, H + KVH, D]``,
-        with ``weight`` and ``eps``) when given and RoPE to q and k, writes this step's K/V into
-        the cache, and attends. On the kernel path ``qkv`` is modified in place.
+        Applies ``qk_norm`` (per-head RMSNorm of queries and keys stacked ``[T, H + KVH, D]``)
+        when given and RoPE to q and k, writes this step's K/V into the cache, and attends.
+        ``qkv`` may be modified in place.
         """
-        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if self._kernel_ready(attn_metadata) and qkv.dtype == paddle.float32:
-            k_cache, v_cache = kv_cache
-            norm_weight, eps = (None, 0.0) if qk_norm is None else qk_norm.kernel_args()
-            md = attn_metadata
-            ops.rope_and_cache(
-                qkv,
-                positions,
-                rotary_emb.kernel_cos_sin,
-                k_cache,
-                v_cache,
-                md.slot_mapping,
-                norm_weight,
-                h,
-                rotary_emb.is_neox_style,
-                eps,
-            )
-            return ops.paged_attention(
-                qkv, k_cache, v_cache, md.block_tables, md.query_start_loc, md.seq_lens, h, self.scale
-            )
-        qk, v = paddle.split(qkv, [(h + kvh) * d, kvh * d], axis=-1)
-        # Q and K stacked along heads get norm and rotation in one go.
-        qk = qk.reshape([qk.shape[0], h + kvh, d])
-        if qk_norm is not None:
-            qk = qk_norm(qk)
-        plan = self._step_plan(attn_metadata)
-        cos_sin = plan.rope.get(id(rotary_emb))
-        if cos_sin is None:
-            cos_sin = plan.rope[id(rotary_emb)] = rotary_emb.get_cos_sin(positions)
-        qk = rotary_emb.rotate(qk, *cos_sin)
-        q, k = paddle.split(qk, [h, kvh], axis=1)
-        return self.forward(q, k, v, kv_cache, attn_metadata)
+        return self.impl.forward_qkv(qkv, positions, rotary_emb, kv_cache, attn_metadata, qk_norm)
 
     def forward(
         self,
@@ -200,60 +81,9 @@ class PagedAttention(nn.Layer):
         attn_metadata: AttentionMetadata,
     ) -> paddle.Tensor:
         """``q`` ``[T, H*D]``, ``k``/``v`` ``[T, KVH*D]`` (``[T, heads, D]`` accepted too) -> ``[T, H*D]``."""
-        h, kvh, g, d = self.num_heads, self.num_kv_heads, self.group, self.head_dim
-        num_tokens = q.shape[0]
-        k_cache, _, k_slots, v_slots, k_rows, v_rows = self._cache_views(kv_cache)
-        if k.ndim == 2:
-            k = k.reshape([num_tokens, kvh, d])
-        if v.ndim == 2:
-            v = v.reshape([num_tokens, kvh, d])
-        if k.dtype != k_cache.dtype:  # a bf16 cache under fp32 activations
-            k, v = k.astype(k_cache.dtype), v.astype(k_cache.dtype)
-        paddle.scatter_(k_slots, attn_metadata.slot_mapping, k, overwrite=True)
-        paddle.scatter_(v_slots, attn_metadata.slot_mapping, v, overwrite=True)
-        if self._kernel_ready(attn_metadata) and q.dtype == paddle.float32:
-            q = q.reshape([num_tokens, h * d])
-            md = attn_metadata
-            return ops.paged_attention(
-                q if q.is_contiguous() else q.contiguous(),
-                kv_cache[0],
-                kv_cache[1],
-                md.block_tables,
-                md.query_start_loc,
-                md.seq_lens,
-                h,
-                self.scale,
-            )
-        plan = self._step_plan(attn_metadata)
-        q = q * self.scale
-
-        outs = []
-        nd = attn_metadata.num_decodes
-        if nd:
-            qd = (q if nd == num_tokens else q[:nd]).reshape([nd, kvh, g, d])
-            kd = F.embedding(plan.decode_rows, k_rows)  # [nd, KVH, L, D]
-            vd = F.embedding(plan.decode_rows, v_rows)
-            scores = paddle.matmul(qd, kd, transpose_y=True) + attn_metadata.decode_mask  # [nd, KVH, g, L]
-            out = paddle.matmul(F.softmax(scores, axis=-1), vd)  # [nd, KVH, g, D]
-            outs.append(out.reshape([nd, h * d]))
-        for p in plan.prefills:
-            lq, lc = p.query_len, p.context_len
-            end = p.start + lq
-            # [Lq, KVH, g, D] -> [KVH, g * Lq, D]: each kv head serves its g query heads in one matmul.
-            qp = q[p.start : end].reshape([lq, kvh, g, d]).transpose([1, 2, 0, 3]).reshape([kvh, g * lq, d])
-            if p.kv_rows is None:
-                kp = k[p.start : end].transpose([1, 0, 2])  # [KVH, Lc, D]
-                vp = v[p.start : end].transpose([1, 0, 2])
-            else:
-                kp = F.embedding(p.kv_rows, k_rows)
-                vp = F.embedding(p.kv_rows, v_rows)
-            scores = paddle.matmul(qp, kp, transpose_y=True).reshape([kvh, g, lq, lc]) + p.mask
-            probs = F.softmax(scores, axis=-1).reshape([kvh, g * lq, lc])
-            out = paddle.matmul(probs, vp).reshape([kvh, g, lq, d]).transpose([2, 0, 1, 3])
-            outs.append(out.reshape([lq, h * d]))
-        if not outs:
-            return q.reshape([num_tokens, h * d])
-        return outs[0] if len(outs) == 1 else paddle.concat(outs, axis=0)
+        return self.impl.forward(q, k, v, kv_cache, attn_metadata)
 
     def extra_repr(self) -> str:
-        return f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, scale={self.scale:.4g}"
+        impl = self.impl
+        return (f"{type(impl).__name__}, heads={impl.num_heads}, kv_heads={impl.num_kv_heads}, "
+                f"head_dim={impl.head_dim}, scale={impl.scale:.4g}")

@@ -33,7 +33,7 @@ from paddle import nn
 
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
-from fastdeploy.model_executor.layers.linear import PackedWeightMixin
+from fastdeploy.model_executor.layers.linear import process_linear_weights
 from fastdeploy.model_executor.layers.logits_processor import LogitsProcessor
 from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead
 from fastdeploy.model_executor.models.paddleformers.attention import (
@@ -183,10 +183,7 @@ class PaddleFormersForCausalLM(nn.Layer):
         Raises:
             RuntimeError: ``dtype`` is bfloat16 but the kernels are not available.
         """
-        packed = [m.process_weights_after_loading(dtype) for m in self.sublayers() if isinstance(m, PackedWeightMixin)]
-        if dtype == "bfloat16" and not all(packed):
-            raise RuntimeError("bfloat16 needs the C++ oneDNN linear kernel (csrc/cpu), which is not available.")
-        self.compute_dtype = dtype if packed and all(packed) else "float32"
+        self.compute_dtype = process_linear_weights(self, dtype)
         self.kv_cache_dtype = "float32"
 
     # ---- the model interface ------------------------------------------------------------

@@ -1,0 +1,47 @@
+"""Quantization formats, by ``--quantization`` name (vLLM's ``QUANTIZATION_METHODS`` registry).
+
+No format is built yet: every layer runs :class:`~fastdeploy.model_executor.layers.linear.UnquantizedLinearMethod`,
+and the platform refuses a ``--quantization`` it does not list (``Platform.supported_quantization``).
+A format registers its :class:`QuantizationConfig` with :func:`register_quantization_config`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+
+_QUANTIZATION_CONFIGS: dict[str, type[QuantizationConfig]] = {}
+
+
+def register_quantization_config(name: str) -> Callable[[type[QuantizationConfig]], type[QuantizationConfig]]:
+    """Class decorator: make ``cls`` the config of ``--quantization name``."""
+
+    def register(cls: type[QuantizationConfig]) -> type[QuantizationConfig]:
+        if name in _QUANTIZATION_CONFIGS:
+            raise ValueError(f"Quantization method {name!r} is already registered.")
+        _QUANTIZATION_CONFIGS[name] = cls
+        return cls
+
+    return register
+
+
+def get_quantization_methods() -> list[str]:
+    """The registered ``--quantization`` names."""
+    return sorted(_QUANTIZATION_CONFIGS)
+
+
+def get_quantization_config(name: str) -> type[QuantizationConfig]:
+    """The config class of ``name``; a ValueError naming the known ones otherwise."""
+    if name not in _QUANTIZATION_CONFIGS:
+        raise ValueError(f"Invalid quantization method: {name!r}. Available: {get_quantization_methods() or 'none yet'}.")
+    return _QUANTIZATION_CONFIGS[name]
+
+
+__all__ = [
+    "QuantizationConfig",
+    "QuantizeMethodBase",
+    "get_quantization_config",
+    "get_quantization_methods",
+    "register_quantization_config",
+]

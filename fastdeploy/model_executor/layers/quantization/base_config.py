@@ -1,0 +1,47 @@
+"""vLLM's quantization interfaces: a ``QuantizationConfig`` per format hands each layer its method."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import paddle
+from paddle import nn
+
+
+class QuantizeMethodBase(ABC):
+    """How one layer keeps and applies its weights (vLLM's ``QuantizeMethodBase``).
+
+    ``create_weights`` registers the parameters the checkpoint is loaded into,
+    ``process_weights_after_loading`` converts them once for the kernel that ``apply`` runs.
+    """
+
+    @abstractmethod
+    def create_weights(self, layer: nn.Layer, *args: Any, **kwargs: Any) -> None:
+        """Register the layer's parameters (as the checkpoint stores them)."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Layer, *args: Any, **kwargs: Any) -> paddle.Tensor:
+        """The layer's forward on its processed weights."""
+
+    def process_weights_after_loading(self, layer: nn.Layer, dtype: str) -> bool:
+        """Convert the loaded weights once for the compute ``dtype``; False when they stay as loaded."""
+        return False
+
+
+class QuantizationConfig(ABC):
+    """One quantization format: what it reads from a checkpoint and which method each layer gets."""
+
+    @classmethod
+    @abstractmethod
+    def get_name(cls) -> str:
+        """The ``--quantization`` name of the format."""
+
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config: dict[str, Any]) -> QuantizationConfig:
+        """Build from a checkpoint's ``quantization_config``."""
+
+    @abstractmethod
+    def get_quant_method(self, layer: nn.Layer, prefix: str) -> QuantizeMethodBase | None:
+        """The method for ``layer`` (named ``prefix`` in the checkpoint); None keeps it unquantized."""

@@ -1,0 +1,122 @@
+"""The platform chooses the kernel paths once; layers built on a backend run that backend and no other."""
+
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from fastdeploy import _custom_ops
+from fastdeploy.model_executor.custom_op import get_op_backend, set_op_backend
+from fastdeploy.model_executor.layers.attention.cpu_attn import CpuPagedAttentionImpl
+from fastdeploy.model_executor.layers.attention.paddle_attn import PaddleAttentionImpl
+from fastdeploy.platforms import current_platform
+from fastdeploy.platforms.cpu import cpu_has_avx512
+from fastdeploy.platforms.interface import OpBackend
+from tests.model_executor.utils import PagedRunner, build_tiny_checkpoint, load_our_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Every kernel entry point a layer may call.
+KERNEL_OPS = ("linear", "rms_norm", "fused_add_rms_norm", "silu_and_mul", "rope_and_cache", "paged_attention",
+              "decoder_layer")
+
+
+def _run_steps(model) -> np.ndarray:
+    """A prefill beside nothing, then a decode beside a chunked prefill: the logits of every step."""
+    runner = PagedRunner(model, num_blocks=32, block_size=4, seed=1)
+    runner.add("a", list(range(5, 20)))
+    runner.add("b", list(range(40, 49)))
+    out = [runner.step([("a", 15)]).numpy()]
+    runner.append("a", 7)
+    out.append(runner.step([("a", 1), ("b", 9)]).numpy())
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_tiny_checkpoint("Qwen3ForCausalLM", tmp_path_factory.mktemp("qwen3"))
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts the calls of each kernel entry point."""
+    calls: Counter = Counter()
+    for name in KERNEL_OPS:
+        original = getattr(_custom_ops, name)
+
+        def counted(*args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(_custom_ops, name, counted)
+    return calls
+
+
+def test_the_platform_decides_once():
+    assert current_platform.get_op_backend() is current_platform.get_op_backend()
+    assert get_op_backend() is current_platform.get_op_backend()
+    assert current_platform.get_attn_backend_cls() == current_platform.get_op_backend().attn_backend_cls
+
+
+@pytest.mark.skipif(not _custom_ops.has(), reason="the C++ kernels are not built (FD_CPU_KERNELS=0)")
+def test_kernel_backend_layers_run_the_kernels(checkpoint, kernel_calls):
+    backend = current_platform.get_op_backend()
+    assert backend.attention == ("paged-avx512" if cpu_has_avx512() else "paged-avx2")
+    model = load_our_model(checkpoint)
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.attn.impl, CpuPagedAttentionImpl)
+    assert layer.input_layernorm.uses_kernel and layer.mlp.act_fn.uses_kernel
+    assert layer.self_attn.qkv_proj.is_packed and model.lm_head.is_packed
+    assert (layer._fused_args is not None) == backend.decoder_layer
+    _run_steps(model)
+    assert kernel_calls["linear"] > 0  # the LM head, at least
+    if backend.decoder_layer:
+        assert kernel_calls["decoder_layer"] == 2 * model.num_layers
+    else:
+        assert kernel_calls["paged_attention"] == 2 * model.num_layers
+
+
+def test_plain_backend_layers_never_call_a_kernel(checkpoint, monkeypatch):
+    reference = _run_steps(load_our_model(checkpoint))
+    for name in KERNEL_OPS:
+        monkeypatch.setattr(_custom_ops, name, lambda *a, _n=name, **k: pytest.fail(f"kernel {_n} was called"))
+    with set_op_backend(OpBackend()):
+        model = load_our_model(checkpoint)
+    layer = model.model.layers[0]
+    assert type(layer.self_attn.attn.impl) is PaddleAttentionImpl
+    assert not layer.input_layernorm.uses_kernel and not layer.mlp.act_fn.uses_kernel
+    assert not layer.self_attn.qkv_proj.is_packed and layer._fused_args is None
+    # The layers keep their backend after the block that built them is left.
+    np.testing.assert_allclose(_run_steps(model), reference, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernels", ["0", "1"])
+def test_fd_cpu_kernels_picks_the_backend_and_the_log_names_it(kernels, checkpoint):
+    code = (
+        "from fastdeploy.platforms import current_platform\n"
+        "from tests.model_executor.utils import load_our_model\n"
+        f"load_our_model({checkpoint!r})\n"
+        "print('BACKEND', current_platform.get_op_backend().describe())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FD_CPU_KERNELS": kernels}, cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("BACKEND"))
+    if kernels == "0":
+        assert "linear: paddle-fp32" in line and "attention: paddle" in line and "decoder layer: per-op" in line
+    else:
+        assert "attention: paged-avx" in line and "rms_norm: csrc" in line
+    # The loader logs the chosen paths once, as the model is built.
+    logged = [x for x in out.stderr.splitlines() if "Kernel paths:" in x]
+    assert len(logged) == 1 and line.removeprefix("BACKEND ") in logged[0]
+
+
+def test_describe_names_each_path():
+    backend = OpBackend(linear="panel", rms_norm="csrc", silu_and_mul="csrc", attention="paged-avx2",
+                        decoder_layer=True, isa="AVX2")
+    assert backend.describe("bfloat16") == ("linear: panel-bf16 (AVX2), attention: paged-avx2, rms_norm: csrc, "
+                                            "silu_and_mul: csrc, decoder layer: fused")
+    assert OpBackend(paddle_fused_rms_norm=True).describe() == (
+        "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, decoder layer: per-op")
