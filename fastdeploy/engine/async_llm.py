@@ -10,7 +10,6 @@ collectors that ``generate()`` iterates.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -65,17 +64,6 @@ class RequestOutputCollector:
         if isinstance(output, BaseException):
             raise output
         return output
-
-
-def _fan_out(request_id: str, params: SamplingParams) -> list[tuple[str, SamplingParams, ParentRequest | None, int]]:
-    """Engine requests of one request: itself, or one child per completion when n > 1."""
-    if params.n == 1:
-        return [(request_id, params, None, 0)]
-    parent = ParentRequest(request_id, params.n, params.output_kind)
-    return [
-        (ParentRequest.child_id(i, request_id), ParentRequest.child_sampling_params(params, i), parent, i)
-        for i in range(params.n)
-    ]
 
 
 class AsyncLLM:
@@ -193,27 +181,21 @@ class AsyncLLM:
             self._start_background_tasks()
         if request_id in self.collectors:
             raise ValueError(f"Request id {request_id} already running.")
-        arrival_time = arrival_time or time.time()
-        self.processor.validate_kv_transfer_params(params)
-        prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
+        processed = self.processor.process_request(request_id, prompt, params, arrival_time, priority)
         collector = RequestOutputCollector(params.output_kind)
-        sent: list[str] = []
+        core_requests = self.output_processor.add_processed_request(processed)
         try:
-            for engine_id, engine_params, parent, index in _fan_out(request_id, params):
-                core_req, _ = self.processor.process_inputs(engine_id, prompt_text, engine_params, arrival_time,
-                                                            priority, prompt_token_ids=prompt_ids)
-                self.output_processor.add_request(engine_id, prompt_text, prompt_ids, core_req.sampling_params,
-                                                  arrival_time, parent, index)
-                sent.append(engine_id)
-                self.engine_core.add_request(core_req)
+            for core_request in core_requests:
+                self.engine_core.add_request(core_request)
         except BaseException:
-            self.output_processor.abort_requests(sent)
-            self.engine_core.abort_requests(sent)
+            engine_ids = [r.request_id for r in core_requests]
+            self.output_processor.abort_requests([request_id])
+            self.engine_core.abort_requests(engine_ids)
             raise
         self.collectors[request_id] = collector
         if self.log_requests:
-            logger.info("Added request %s: prompt: %r, params: %s, prompt_token_ids: %s", request_id, prompt_text,
-                        params, prompt_ids)
+            logger.info("Added request %s: prompt: %r, params: %s, prompt_token_ids: %s", request_id,
+                        processed.prompt.text, params, processed.prompt.token_ids)
         return collector
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, *,

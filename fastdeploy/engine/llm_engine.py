@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.arg_utils import EngineArgs
 from fastdeploy.engine.core import EngineCore
 from fastdeploy.engine.exceptions import EngineGenerateError
-from fastdeploy.engine.output_processor import OutputProcessor, ParentRequest
+from fastdeploy.engine.output_processor import OutputProcessor
 from fastdeploy.engine.processor import Processor
 from fastdeploy.engine.request import SchedulerStats
 from fastdeploy.inputs import PromptType
@@ -49,34 +47,9 @@ class LLMEngine:
         priority: int = 0,
     ) -> None:
         """Validate and queue a request (fanned out into n children when n > 1)."""
-        arrival_time = arrival_time or time.time()
-        self.processor.validate_kv_transfer_params(params)
-        prompt_text, prompt_ids = self.processor.tokenize_prompt(prompt)
-        if params.n == 1:
-            self._add(request_id, prompt_text, prompt_ids, params, arrival_time, priority)
-            return
-        parent = ParentRequest(request_id, params.n, params.output_kind)
-        for index in range(params.n):
-            child_params = ParentRequest.child_sampling_params(params, index)
-            self._add(
-                ParentRequest.child_id(index, request_id),
-                prompt_text,
-                prompt_ids,
-                child_params,
-                arrival_time,
-                priority,
-                parent,
-                index,
-            )
-
-    def _add(self, request_id, prompt_text, prompt_ids, params, arrival_time, priority, parent=None, index=0):
-        core_req, _ = self.processor.process_inputs(
-            request_id, prompt_text, params, arrival_time, priority, prompt_token_ids=prompt_ids
-        )
-        self.output_processor.add_request(
-            request_id, prompt_text, prompt_ids, core_req.sampling_params, arrival_time, parent, index
-        )
-        self.engine_core.add_request(core_req)
+        processed = self.processor.process_request(request_id, prompt, params, arrival_time, priority)
+        for core_request in self.output_processor.add_processed_request(processed):
+            self.engine_core.add_request(core_request)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)

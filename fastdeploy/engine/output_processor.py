@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from fastdeploy.engine.detokenizer import IncrementalDetokenizer, TokenStringCache
-from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, FinishReason, LogprobsLists
+from fastdeploy.engine.request import (
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    EngineCoreRequest,
+    FinishReason,
+    LogprobsLists,
+)
 from fastdeploy.logprobs import Logprob, PromptLogprobs, SampleLogprobs
 from fastdeploy.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from fastdeploy.sampling_params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:
+    from fastdeploy.engine.processor import ProcessedRequest
 
 
 @dataclass
@@ -206,6 +215,15 @@ class OutputProcessor:
         )
         if parent is not None:
             self.parents[parent.request_id] = parent
+
+    def add_processed_request(self, processed: ProcessedRequest) -> list[EngineCoreRequest]:
+        """Track every engine request of ``processed``; returns them, for the engine core."""
+        prompt = processed.prompt
+        for spec in processed.engine_requests:
+            core = spec.core_request
+            self.add_request(core.request_id, prompt.text, prompt.token_ids, core.sampling_params,
+                             processed.arrival_time, spec.parent, spec.index)
+        return [spec.core_request for spec in processed.engine_requests]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)

@@ -1,15 +1,57 @@
-"""Front-end input processing: prompts -> token ids, checks against the model, final sampling params."""
+"""The one intake of requests: prompts -> token ids, checks against the model, final sampling params.
+
+:meth:`Processor.process_request` turns a prompt and its :class:`SamplingParams` into the
+engine requests to send (one, or n children when ``n > 1``); ``LLMEngine`` and ``AsyncLLM``
+both call it and nothing else. The OpenAI server needs a prompt's length before it builds
+the parameters (``max_tokens`` defaults to what the context has left), so it runs the
+prompt half first (:meth:`Processor.process_prompt`) and hands the resulting
+:class:`ProcessedPrompt` over, which is then not tokenized or checked again.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastdeploy.config import ModelConfig, StructuredOutputsConfig
+from fastdeploy.engine.output_processor import ParentRequest
 from fastdeploy.engine.request import EngineCoreRequest
+from fastdeploy.engine.sampling_finalization import (
+    update_from_generation_config,
+    update_from_tokenizer,
+    verify_token_ids,
+)
 from fastdeploy.inputs import PromptType
 from fastdeploy.sampling_params import ParamValidationError, SamplingParams
+
+
+@dataclass(frozen=True)
+class ProcessedPrompt:
+    """A prompt tokenized, truncated and checked by :meth:`Processor.process_prompt`."""
+
+    text: str | None
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class EngineRequestSpec:
+    """One engine request of a processed request, with its place among the n children (parent None: n = 1)."""
+
+    core_request: EngineCoreRequest
+    parent: ParentRequest | None
+    index: int
+
+
+@dataclass(frozen=True)
+class ProcessedRequest:
+    """What one call to :meth:`Processor.process_request` makes of a prompt and its parameters."""
+
+    request_id: str
+    prompt: ProcessedPrompt
+    arrival_time: float
+    engine_requests: list[EngineRequestSpec]
 
 
 class Processor:
@@ -47,44 +89,66 @@ class Processor:
             raise ValueError("A text prompt needs a tokenizer; pass prompt_token_ids instead.")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def process_inputs(
+    def process_prompt(self, prompt: PromptType | ProcessedPrompt, *, truncate_prompt_tokens: int | None = None,
+                       add_special_tokens: bool = True, leave_room: bool = False) -> ProcessedPrompt:
+        """Tokenize (text prompts), keep the last ``truncate_prompt_tokens`` tokens (-1: as many as fit), check.
+
+        ``leave_room``: the prompt must leave space for at least one generated token, with the
+        OpenAI server's wording of the error (vLLM's); otherwise it may fill the context.
+        """
+        if isinstance(prompt, ProcessedPrompt):
+            return prompt
+        text, token_ids = self.tokenize_prompt(prompt, add_special_tokens)
+        if truncate_prompt_tokens is not None:
+            keep = self.model_config.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+            token_ids = token_ids[-keep:] if keep else []
+        self.validate_prompt(token_ids, leave_room=leave_room)
+        return ProcessedPrompt(text, token_ids)
+
+    def process_request(
         self,
         request_id: str,
-        prompt: PromptType,
+        prompt: PromptType | ProcessedPrompt,
         params: SamplingParams,
         arrival_time: float | None = None,
         priority: int = 0,
-        prompt_token_ids: list[int] | None = None,
-    ) -> tuple[EngineCoreRequest, str | None]:
-        """Build the engine request; raises ValueError naming what is wrong with the input."""
-        if prompt_token_ids is None:
-            prompt_text, prompt_token_ids = self.tokenize_prompt(prompt)
-        else:
-            prompt_text = prompt if isinstance(prompt, str) else None
-        if params.truncate_prompt_tokens is not None:
-            keep = (
-                self.model_config.max_model_len
-                if params.truncate_prompt_tokens == -1
-                else params.truncate_prompt_tokens
-            )
-            prompt_token_ids = prompt_token_ids[-keep:]
-        self.validate_prompt(prompt_token_ids)
-        params = self.finalize_params(params)
-        core = EngineCoreRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt_token_ids,
-            sampling_params=params,
-            eos_token_id=params.eos_token_id,
-            arrival_time=arrival_time or time.time(),
-            priority=priority,
-            bad_words_token_ids=params.bad_words_token_ids,
-        )
-        return core, prompt_text
+    ) -> ProcessedRequest:
+        """Validate a request and build its engine requests (n children when ``params.n > 1``).
 
-    def validate_prompt(self, prompt_token_ids: list[int]) -> None:
+        Raises:
+            ValueError: naming what is wrong with the prompt or the parameters.
+        """
+        self.validate_kv_transfer_params(params)
+        prompt = self.process_prompt(prompt, truncate_prompt_tokens=params.truncate_prompt_tokens)
+        params = self.finalize_params(params)
+        arrival_time = arrival_time or time.time()
+        if params.n == 1:
+            children = [(request_id, params, None, 0)]
+        else:
+            parent = ParentRequest(request_id, params.n, params.output_kind)
+            children = [(ParentRequest.child_id(i, request_id), ParentRequest.child_sampling_params(params, i), parent,
+                         i) for i in range(params.n)]
+        specs = [
+            EngineRequestSpec(EngineCoreRequest(request_id=engine_id, prompt_token_ids=prompt.token_ids,
+                                                sampling_params=sp, eos_token_id=sp.eos_token_id,
+                                                arrival_time=arrival_time, priority=priority,
+                                                bad_words_token_ids=sp.bad_words_token_ids), parent, index)
+            for engine_id, sp, parent, index in children
+        ]
+        return ProcessedRequest(request_id, prompt, arrival_time, specs)
+
+    def validate_prompt(self, prompt_token_ids: list[int], leave_room: bool = False) -> None:
+        """An empty prompt, one too long for the model, or a token id outside the vocabulary is a ValueError."""
         if not prompt_token_ids:
             raise ValueError("The decoder prompt cannot be empty")
         max_len = self.model_config.max_model_len
+        if leave_room and len(prompt_token_ids) >= max_len:
+            raise ParamValidationError(
+                f"This model's maximum context length is {max_len} tokens. However, your request has "
+                f"{len(prompt_token_ids)} input tokens. Please reduce the length of the input messages.",
+                parameter="input_tokens",
+                value=len(prompt_token_ids),
+            )
         if len(prompt_token_ids) > max_len:
             raise ValueError(
                 f"The decoder prompt (length {len(prompt_token_ids)}) is longer than the maximum model length "
@@ -96,7 +160,7 @@ class Processor:
             raise ValueError(f"Token id {bad if bad >= vocab else min(prompt_token_ids)} is out of vocabulary")
 
     def finalize_params(self, params: SamplingParams) -> SamplingParams:
-        """Per-request copy with the model's EOS ids, tokenized bad words and checked logprob counts."""
+        """Per-request copy with the model's EOS ids, tokenized bad words and checked logprob counts (once per request)."""
         max_logprobs = self.model_config.max_logprobs
         for name, value in (("sample", params.logprobs), ("prompt", params.prompt_logprobs)):
             if value is not None and max_logprobs != -1 and value > max_logprobs:
@@ -106,11 +170,11 @@ class Processor:
         params = params.clone()
         if params.structured_outputs is not None:
             self._validate_structured_outputs(params)
-        params.update_from_generation_config(self.generation_config, self.eos_token_id)
+        update_from_generation_config(params, self.generation_config, self.eos_token_id)
         if self.tokenizer is not None:
-            params.update_from_tokenizer(self.tokenizer, self.model_config.vocab_size)
+            update_from_tokenizer(params, self.tokenizer, self.model_config.vocab_size)
         else:
-            params.verify_token_ids(self.model_config.vocab_size)
+            verify_token_ids(params, self.model_config.vocab_size)
         return params
 
     def validate_kv_transfer_params(self, params: SamplingParams) -> None:

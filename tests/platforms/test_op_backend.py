@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from fastdeploy.model_executor.layers.attention.paddle_attn import PaddleAttenti
 from fastdeploy.platforms import current_platform
 from fastdeploy.platforms.cpu import cpu_has_avx512
 from fastdeploy.platforms.interface import OpBackend
+from tests.call_counter import count_calls
 from tests.model_executor.utils import PagedRunner, build_tiny_checkpoint, load_our_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,16 +42,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """Counts the calls of each kernel entry point."""
-    calls: Counter = Counter()
-    for name in KERNEL_OPS:
-        original = getattr(_custom_ops, name)
-
-        def counted(*args, _name=name, _original=original, **kwargs):
-            calls[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(_custom_ops, name, counted)
-    return calls
+    return count_calls(monkeypatch, _custom_ops, KERNEL_OPS)
 
 
 def test_the_platform_decides_once():

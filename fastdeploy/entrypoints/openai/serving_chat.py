@@ -34,7 +34,6 @@ from fastdeploy.entrypoints.openai.serving_engine import (
     sse,
 )
 from fastdeploy.entrypoints.openai.serving_models import OpenAIServingModels
-from fastdeploy.inputs import TokensPrompt
 from fastdeploy.logprobs import Logprob
 from fastdeploy.outputs import RequestOutput
 from fastdeploy.sampling_params import ParamValidationError, StructuredOutputsParams
@@ -136,17 +135,14 @@ class OpenAIServingChat(OpenAIServing):
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message, tools=request.tools,
                 documents=request.documents, chat_template_kwargs=request.chat_template_kwargs)
-            prompt_ids = self.tokenizer.encode(prompt_text, add_special_tokens=request.add_special_tokens)
-            prompt_ids = self.truncate(prompt_ids, request.truncate_prompt_tokens)
-            self.validate_prompt_length(len(prompt_ids))
-            max_tokens = self.max_tokens(request.max_completion_tokens or request.max_tokens, len(prompt_ids))
+            prompt = self.process_prompt(prompt_text, request.truncate_prompt_tokens, request.add_special_tokens)
+            max_tokens = self.max_tokens(request.max_completion_tokens or request.max_tokens, len(prompt.token_ids))
             params = request.sampling_params(max_tokens, self.default_sampling_params,
                                              logprobs=request.top_logprobs if request.logprobs else None,
                                              prompt_logprobs=request.prompt_logprobs,
                                              structured_outputs=self._constraint(request))
             engine_id = self.engine_request_id(request_id, 0)
-            collector = await self.engine.add_request(
-                engine_id, TokensPrompt(prompt_token_ids=prompt_ids, prompt=prompt_text), params)
+            collector = await self.engine.add_request(engine_id, prompt, params)
         except Exception as e:
             return self.create_error_response(e)
         results = self.engine.stream_outputs(engine_id, collector)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from fastdeploy.engine.processor import ProcessedPrompt
 from fastdeploy.entrypoints.openai.protocol import (
     CompletionLogProbs,
     CompletionRequest,
@@ -32,16 +33,9 @@ from fastdeploy.entrypoints.openai.serving_engine import (
     jsonable_prompt_logprobs,
     sse,
 )
-from fastdeploy.inputs import TokensPrompt
 from fastdeploy.logprobs import Logprob
 from fastdeploy.outputs import CompletionOutput, RequestOutput
 from fastdeploy.utils.async_utils import merge_async_iterators
-
-
-@dataclass
-class _Prompt:
-    text: str | None
-    token_ids: list[int]
 
 
 @dataclass
@@ -87,7 +81,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return self._response(request, prompts, final, request_id, created)
 
     # ---- request preparation ----------------------------------------------------------------
-    def _tokenize(self, request: CompletionRequest) -> list[_Prompt]:
+    def _tokenize(self, request: CompletionRequest) -> list[ProcessedPrompt]:
         prompt = request.prompt
         if isinstance(prompt, str):
             items: list = [prompt]
@@ -95,21 +89,9 @@ class OpenAIServingCompletion(OpenAIServing):
             items = [prompt]
         else:
             items = list(prompt)
-        prompts = []
-        for item in items:
-            if isinstance(item, str):
-                ids = self.tokenizer.encode(item, add_special_tokens=request.add_special_tokens)
-                text: str | None = item
-            else:
-                ids, text = list(item), None
-            ids = self.truncate(ids, request.truncate_prompt_tokens)
-            if not ids:
-                raise ValueError("The decoder prompt cannot be empty")
-            self.validate_prompt_length(len(ids))
-            prompts.append(_Prompt(text, ids))
-        return prompts
+        return [self.process_prompt(item, request.truncate_prompt_tokens, request.add_special_tokens) for item in items]
 
-    async def _start(self, request: CompletionRequest, prompts: list[_Prompt], request_id: str) -> list[AsyncIterator]:
+    async def _start(self, request: CompletionRequest, prompts: list[ProcessedPrompt], request_id: str) -> list[AsyncIterator]:
         echo_only = bool(request.echo) and request.max_tokens == 0
         prompt_logprobs = request.prompt_logprobs
         if prompt_logprobs is None and request.echo:
@@ -124,8 +106,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                                  prompt_logprobs=prompt_logprobs,
                                                  structured_outputs=structured_outputs)
                 engine_id = self.engine_request_id(request_id, i)
-                collector = await self.engine.add_request(
-                    engine_id, TokensPrompt(prompt_token_ids=prompt.token_ids, prompt=prompt.text or ""), params)
+                collector = await self.engine.add_request(engine_id, prompt, params)
                 engine_ids.append(engine_id)
                 streams.append(self.engine.stream_outputs(engine_id, collector))
         except BaseException:
@@ -133,7 +114,7 @@ class OpenAIServingCompletion(OpenAIServing):
             raise
         return streams
 
-    async def _beam_search(self, request: CompletionRequest, prompt: _Prompt, engine_id: str,
+    async def _beam_search(self, request: CompletionRequest, prompt: ProcessedPrompt, engine_id: str,
                            ) -> AsyncIterator[RequestOutput]:
         """vLLM's use_beam_search: n beams, ranked with length_penalty; one final output."""
         from fastdeploy.beam_search import beam_search_async, beam_search_params_from_request
@@ -145,7 +126,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                       prompt=prompt.text)
 
     # ---- output shaping ---------------------------------------------------------------------
-    def _prompt_text(self, prompt: _Prompt) -> str:
+    def _prompt_text(self, prompt: ProcessedPrompt) -> str:
         return prompt.text if prompt.text else self.tokenizer.decode(prompt.token_ids)
 
     @staticmethod
@@ -155,7 +136,7 @@ class OpenAIServingCompletion(OpenAIServing):
             return _Generated("", [], [])
         return _Generated(output.text, output.token_ids, output.logprobs)
 
-    def _echoed(self, prompt: _Prompt, res: RequestOutput, generated: _Generated) -> _Generated:
+    def _echoed(self, prompt: ProcessedPrompt, res: RequestOutput, generated: _Generated) -> _Generated:
         logprobs = [*(res.prompt_logprobs or []), *(generated.logprobs or [])]
         return _Generated(self._prompt_text(prompt) + generated.text, [*prompt.token_ids, *generated.token_ids],
                           logprobs)
@@ -190,7 +171,7 @@ class OpenAIServingCompletion(OpenAIServing):
             last_len = len(token)
         return result
 
-    def _response(self, request: CompletionRequest, prompts: list[_Prompt], final: list[RequestOutput | None],
+    def _response(self, request: CompletionRequest, prompts: list[ProcessedPrompt], final: list[RequestOutput | None],
                   request_id: str, created: int) -> CompletionResponse:
         choices: list[CompletionResponseChoice] = []
         num_prompt = num_generated = 0
@@ -219,7 +200,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                   usage=self.usage(num_prompt, num_generated, num_cached),
                                   kv_transfer_params=kv_params)
 
-    async def _stream(self, request: CompletionRequest, prompts: list[_Prompt],
+    async def _stream(self, request: CompletionRequest, prompts: list[ProcessedPrompt],
                       results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
                       created: int) -> AsyncGenerator[str, None]:
         n = request.n

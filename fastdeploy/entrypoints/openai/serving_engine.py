@@ -1,6 +1,6 @@
 """OpenAIServing: what the completion, chat and tokenizer endpoints share.
 
-Error envelopes, model-name checks, prompt-length checks, max_tokens clamping,
+Error envelopes, model-name checks, prompt intake, max_tokens clamping,
 request ids and token spelling in logprobs.
 """
 
@@ -15,6 +15,7 @@ from fastapi import Request
 
 from fastdeploy.engine.async_llm import AsyncLLM
 from fastdeploy.engine.exceptions import EngineDeadError, EngineGenerateError
+from fastdeploy.engine.processor import ProcessedPrompt
 from fastdeploy.entrypoints.openai.protocol import (
     ErrorInfo,
     ErrorResponse,
@@ -119,22 +120,13 @@ class OpenAIServing:
 
         return structured_outputs_from_request(request)
 
-    def truncate(self, prompt_ids: list[int], truncate_prompt_tokens: int | None) -> list[int]:
-        """Keep the last ``truncate_prompt_tokens`` prompt tokens (-1: as many as the model takes)."""
-        if truncate_prompt_tokens is None:
-            return prompt_ids
-        keep = self.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
-        return prompt_ids[-keep:] if keep else []
-
-    def validate_prompt_length(self, num_tokens: int) -> None:
-        """A prompt must leave room for at least one generated token (vLLM's wording)."""
-        if num_tokens >= self.max_model_len:
-            raise ParamValidationError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, your request has "
-                f"{num_tokens} input tokens. Please reduce the length of the input messages.",
-                parameter="input_tokens",
-                value=num_tokens,
-            )
+    def process_prompt(self, prompt: str | list[int], truncate_prompt_tokens: int | None,
+                       add_special_tokens: bool = True) -> ProcessedPrompt:
+        """Tokenize, truncate and check a prompt once, through the engine's intake (the same checks
+        ``LLM`` gets); it must leave room for one generated token. The engine does not check it again."""
+        source = prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
+        return self.engine.processor.process_prompt(source, truncate_prompt_tokens=truncate_prompt_tokens,
+                                                    add_special_tokens=add_special_tokens, leave_room=True)
 
     def max_tokens(self, requested: int | None, num_prompt_tokens: int) -> int:
         """Requested max_tokens clamped to what the context has left (default: all of it, or the model's)."""

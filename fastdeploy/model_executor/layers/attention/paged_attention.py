@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
+from typing import Any
 
 import paddle
 from paddle import nn
 
 from fastdeploy.model_executor.custom_op import get_op_backend
-from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
 from fastdeploy.model_executor.layers.attention.paddle_attn import PaddleAttentionImpl
-from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 
 @cache
@@ -43,6 +42,9 @@ class PagedAttention(nn.Layer):
         impl_cls = resolve_attn_backend(get_op_backend().attn_backend_cls)
         # A plain attribute: the forward reaches it without Layer.__getattr__.
         object.__setattr__(self, "impl", impl_cls(num_heads, head_dim, scale, num_kv_heads))
+        # The implementation's own method, bound here: forward_qkv(qkv, positions, rotary_emb, kv_cache,
+        # attn_metadata, qk_norm) -> [T, H * D], with no extra call per layer and step.
+        object.__setattr__(self, "forward_qkv", self.impl.forward_qkv)
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_kv_heads = self.impl.num_kv_heads
@@ -55,33 +57,10 @@ class PagedAttention(nn.Layer):
     def scale(self, value: float) -> None:
         self.impl.scale = float(value)
 
-    def forward_qkv(
-        self,
-        qkv: paddle.Tensor,
-        positions: paddle.Tensor,
-        rotary_emb: RotaryEmbedding,
-        kv_cache: tuple[paddle.Tensor, paddle.Tensor],
-        attn_metadata: AttentionMetadata,
-        qk_norm: nn.Layer | None = None,
-    ) -> paddle.Tensor:
-        """Attention of a fused QKV projection output ``[T, (H + 2 KVH) D]`` -> ``[T, H D]``.
-
-        Applies ``qk_norm`` (per-head RMSNorm of queries and keys stacked ``[T, H + KVH, D]``)
-        when given and RoPE to q and k, writes this step's K/V into the cache, and attends.
-        ``qkv`` may be modified in place.
-        """
-        return self.impl.forward_qkv(qkv, positions, rotary_emb, kv_cache, attn_metadata, qk_norm)
-
-    def forward(
-        self,
-        q: paddle.Tensor,
-        k: paddle.Tensor,
-        v: paddle.Tensor,
-        kv_cache: tuple[paddle.Tensor, paddle.Tensor],
-        attn_metadata: AttentionMetadata,
-    ) -> paddle.Tensor:
-        """``q`` ``[T, H*D]``, ``k``/``v`` ``[T, KVH*D]`` (``[T, heads, D]`` accepted too) -> ``[T, H*D]``."""
-        return self.impl.forward(q, k, v, kv_cache, attn_metadata)
+    def forward(self, *args: Any) -> paddle.Tensor:
+        """The implementation's ``forward(q, k, v, kv_cache, attn_metadata)``: ``q`` ``[T, H*D]``, ``k``/``v``
+        ``[T, KVH*D]`` (``[T, heads, D]`` accepted too) -> ``[T, H*D]``."""
+        return self.impl.forward(*args)
 
     def extra_repr(self) -> str:
         impl = self.impl

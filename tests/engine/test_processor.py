@@ -1,0 +1,59 @@
+"""The one intake: a prompt is tokenized, truncated and checked once, its parameters finalized once."""
+
+import pytest
+
+from fastdeploy.engine.arg_utils import EngineArgs
+from fastdeploy.engine.processor import ProcessedPrompt, Processor
+from fastdeploy.sampling_params import SamplingParams
+from fastdeploy.transformers_utils.tokenizer import get_tokenizer_for_model
+from tests.call_counter import count_calls
+
+
+@pytest.fixture(scope="module")
+def processor():
+    config = EngineArgs(max_model_len=64).create_engine_config().model_config
+    return Processor(config, get_tokenizer_for_model(config))
+
+
+@pytest.fixture
+def calls(processor, monkeypatch):
+    """Counts the intake steps a request goes through."""
+    return count_calls(monkeypatch, processor, ("tokenize_prompt", "validate_prompt", "finalize_params"))
+
+
+def test_n_children_share_one_check_and_one_finalization(processor, calls):
+    params = SamplingParams(n=3, seed=5, temperature=0.8, max_tokens=4, bad_words=["Paris"])
+    processed = processor.process_request("r", "What is the capital of France?", params)
+    assert calls == {"tokenize_prompt": 1, "validate_prompt": 1, "finalize_params": 1}
+    specs = processed.engine_requests
+    assert [s.core_request.request_id for s in specs] == ["0_r", "1_r", "2_r"]
+    assert [s.core_request.sampling_params.seed for s in specs] == [5, 6, 7]
+    assert all(s.parent is specs[0].parent and s.parent.n == 3 for s in specs)
+    # Every child carries the finalized parameters (EOS id, tokenized bad words), not the caller's object.
+    assert all(s.core_request.eos_token_id == 2 and s.core_request.bad_words_token_ids for s in specs)
+    assert params.bad_words_token_ids is None and params.n == 3
+
+
+def test_a_processed_prompt_is_not_checked_again(processor, calls):
+    prompt = processor.process_prompt("Hello there", truncate_prompt_tokens=2, leave_room=True)
+    assert len(prompt.token_ids) == 2 and calls == {"tokenize_prompt": 1, "validate_prompt": 1}
+    processed = processor.process_request("r", prompt, SamplingParams(max_tokens=3, truncate_prompt_tokens=1))
+    assert processed.prompt is prompt and processed.engine_requests[0].core_request.prompt_token_ids == prompt.token_ids
+    assert calls == {"tokenize_prompt": 1, "validate_prompt": 1, "finalize_params": 1}
+
+
+def test_truncation_and_the_two_length_rules(processor):
+    ids = list(range(10, 80))  # 70 tokens, past max_model_len=64
+    assert processor.process_prompt({"prompt_token_ids": ids}, truncate_prompt_tokens=5).token_ids == ids[-5:]
+    assert processor.process_prompt({"prompt_token_ids": ids}, truncate_prompt_tokens=-1).token_ids == ids[-64:]
+    # Offline a prompt may fill the context; the server wants room for one generated token (vLLM's wording each).
+    assert len(processor.process_prompt({"prompt_token_ids": ids[:64]}).token_ids) == 64
+    with pytest.raises(ValueError, match="maximum context length is 64 tokens"):
+        processor.process_prompt({"prompt_token_ids": ids[:64]}, leave_room=True)
+    with pytest.raises(ValueError, match=r"decoder prompt \(length 70\) is longer than the maximum model length"):
+        processor.process_request("r", {"prompt_token_ids": ids}, SamplingParams())
+    with pytest.raises(ValueError, match="cannot be empty"):
+        processor.process_prompt({"prompt_token_ids": ids}, truncate_prompt_tokens=0)
+    with pytest.raises(ValueError, match="out of vocabulary"):
+        processor.process_prompt({"prompt_token_ids": [1, 10**6]})
+    assert isinstance(processor.process_prompt("x"), ProcessedPrompt)
