@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -19,32 +17,11 @@ from fastdeploy.config import (
     SchedulerConfig,
     StructuredOutputsConfig,
 )
+from fastdeploy.engine.cli_args import add_engine_cli_args
+from fastdeploy.utils.argparse_utils import parse_json, parse_size
 
-_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
-
-
-def parse_size(value: str | int) -> int:
-    """``2048``, ``1k`` (1000), ``1K`` (1024), ``32K``, ``1m``/``1M``... as vLLM's --max-model-len."""
-    if isinstance(value, int):
-        return value
-    m = _SIZE_RE.match(str(value).strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"invalid size {value!r}: expected an integer optionally followed by k/K/m/M/g/G")
-    number, suffix = float(m.group(1)), m.group(2)
-    scale = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}[suffix]
-    return int(number * scale)
-
-
-def parse_json(value: str | dict | None) -> dict | None:
-    if value is None or isinstance(value, dict):
-        return value
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"invalid JSON {value!r}: {e}") from e
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
-    return parsed
+# parse_size / parse_json live with the other flag parsers; re-exported here, where they used to be.
+__all__ = ["AsyncEngineArgs", "EngineArgs", "parse_json", "parse_size"]
 
 
 @dataclass
@@ -207,8 +184,6 @@ class EngineArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """Add every engine flag (vLLM's names and defaults, FastDeploy's aliases) to ``parser``."""
-        from fastdeploy.engine.cli_args import add_engine_cli_args
-
         return add_engine_cli_args(parser)
 
     @classmethod

@@ -1,15 +1,16 @@
 """The engine's command-line flags: vLLM's names and defaults, plus FastDeploy's own.
 
 Kept apart from :mod:`fastdeploy.engine.arg_utils` so the dataclass stays readable;
-``EngineArgs.add_cli_args`` calls :func:`add_engine_cli_args`.
+``EngineArgs.add_cli_args`` calls :func:`add_engine_cli_args`. Imports go one way only:
+``arg_utils`` -> ``cli_args`` -> ``utils.argparse_utils`` (which imports neither), so none
+of the three imports a module that imports it back.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from fastdeploy.engine.arg_utils import parse_size
-from fastdeploy.utils.argparse_utils import optional_json
+from fastdeploy.utils.argparse_utils import optional_json, parse_size
 
 
 def max_model_len_type(value: str) -> int | None:
