@@ -128,6 +128,7 @@ class CacheConfig:
     swap_space: float = 4
     enable_prefix_caching: bool = True
     kv_cache_ratio: float = 0.75
+    # "auto": the model's compute dtype, the only one the attention kernels read (FDConfig checks it).
     cache_dtype: str = "auto"
     # Decided at engine start from the memory budget.
     num_blocks: int = 0
@@ -215,6 +216,10 @@ class StructuredOutputsConfig:
     ``reasoning_parser`` names a reasoning parser whose end-of-thinking marker
     turns the grammar on, so a thinking model reasons freely and only its answer
     is constrained (unless ``enable_in_reasoning``).
+    ``disable_fallback`` is always in effect: with one backend there is nothing to fall back
+    to, so a constraint xgrammar cannot enforce is refused (400), never handed to another.
+    ``disable_additional_properties`` adds ``additionalProperties: false`` to every JSON
+    schema object that does not set it; ``disable_any_whitespace`` makes JSON compact.
     """
 
     backend: str = "auto"
@@ -344,3 +349,14 @@ class FDConfig:
 
         self.scheduler_config.finalize(self.model_config.max_model_len)
         current_platform.check_and_update_config(self)
+        self._check_cache_dtype()
+
+    def _check_cache_dtype(self) -> None:
+        """--kv-cache-dtype: the KV cache is kept in the model's compute dtype; any other is refused by name."""
+        cache_dtype = self.cache_config.cache_dtype
+        if cache_dtype not in ("auto", self.model_config.dtype):
+            raise ValueError(
+                f"--kv-cache-dtype {cache_dtype} is not supported by this FastDeploy build yet: the KV cache is "
+                f"stored in the model's compute dtype ({self.model_config.dtype}); use --kv-cache-dtype auto"
+                + (" or --dtype bfloat16." if cache_dtype == "bfloat16" else ".")
+            )

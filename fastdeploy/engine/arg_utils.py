@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -19,32 +18,50 @@ from fastdeploy.config import (
     SchedulerConfig,
     StructuredOutputsConfig,
 )
+from fastdeploy.engine.cli_args import KV_CACHE_DTYPES, add_engine_cli_args
+from fastdeploy.logger import init_logger
+from fastdeploy.utils.argparse_utils import parse_json, parse_size
 
-_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
+# parse_size / parse_json live with the other flag parsers; re-exported here, where they used to be.
+__all__ = ["AsyncEngineArgs", "EngineArgs", "parse_json", "parse_size", "warn_ignored_flags"]
+
+logger = init_logger(__name__)
+
+# Engine flags accepted so vLLM and FastDeploy scripts run unchanged, that change nothing in
+# this engine on any platform; setting one logs why (see warn_ignored_flags). The platform
+# adds its own (Platform.ignored_flags), e.g. --gpu-memory-utilization on CPU.
+_NO_EFFECT_FLAGS: dict[str, str] = {
+    "swap_space": "preempted requests are recomputed, their KV blocks are never swapped out (as vLLM V1)",
+    "kv_cache_ratio": "prefill and decode take KV blocks from one shared pool on demand (vLLM's scheduling); "
+                      "no share of the blocks is reserved for prefill",
+    "cache_queue_port": "the KV cache lives in the engine core process, so there is no cache-transfer queue; "
+                        "PD transfers use --pd-comm-port / --kv-transfer-config",
+    "enable_logprob": "logprobs are always available (requests ask with logprobs / top_logprobs)",
+    "revision": "models are read from local folders (or the embedded default model), so there is no "
+                "revision to choose",
+}
 
 
-def parse_size(value: str | int) -> int:
-    """``2048``, ``1k`` (1000), ``1K`` (1024), ``32K``, ``1m``/``1M``... as vLLM's --max-model-len."""
-    if isinstance(value, int):
-        return value
-    m = _SIZE_RE.match(str(value).strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"invalid size {value!r}: expected an integer optionally followed by k/K/m/M/g/G")
-    number, suffix = float(m.group(1)), m.group(2)
-    scale = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}[suffix]
-    return int(number * scale)
+def warn_ignored_flags(values: Mapping[str, Any], ignored: Mapping[str, tuple[Any, str]]) -> list[str]:
+    """Log one warning for each flag in ``ignored`` that is set to a value other than its default.
 
+    The one place that tells a user a flag they set changes nothing here (engine flags from
+    EngineArgs, the server's own from validate_parsed_serve_args).
 
-def parse_json(value: str | dict | None) -> dict | None:
-    if value is None or isinstance(value, dict):
-        return value
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"invalid JSON {value!r}: {e}") from e
-    if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
-    return parsed
+    Args:
+        values: flag values by dest name (EngineArgs fields or the parsed namespace).
+        ignored: dest name -> (default, reason the flag has no effect).
+
+    Returns:
+        The dest names warned about, in ``ignored``'s order.
+    """
+    warned = []
+    for name, (default, reason) in ignored.items():
+        if name in values and values[name] != default:
+            logger.warning("--%s=%r has no effect: %s.", name.replace("_", "-"), values[name], reason)
+            warned.append(name)
+    return warned
+
 
 
 @dataclass
@@ -74,10 +91,12 @@ class EngineArgs:
     swap_space: float = 4
     enable_prefix_caching: bool | None = None
     kv_cache_ratio: float = 0.75
+    kv_cache_dtype: str = "auto"
     # Scheduler
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool | None = None
+    scheduling_policy: str = "fcfs"
     scheduler_name: str = "local"
     # Parallelism
     tensor_parallel_size: int = 1
@@ -110,6 +129,7 @@ class EngineArgs:
     def create_engine_config(self) -> FDConfig:
         """Validate the arguments and build the FDConfig; unbuilt features fail here by name."""
         self._reject_unbuilt()
+        self._warn_ignored_flags()
         # Checked before the model is loaded so a bad backend fails fast.
         structured_outputs_config = self._structured_outputs_config()
         model_config = ModelConfig(
@@ -136,11 +156,13 @@ class EngineArgs:
             swap_space=self.swap_space,
             enable_prefix_caching=True if self.enable_prefix_caching is None else self.enable_prefix_caching,
             kv_cache_ratio=self.kv_cache_ratio,
+            cache_dtype=self.kv_cache_dtype,
         )
         scheduler_config = SchedulerConfig(
             max_num_seqs=self.max_num_seqs or 256,
             max_num_batched_tokens=self.max_num_batched_tokens,
             enable_chunked_prefill=True if self.enable_chunked_prefill is None else self.enable_chunked_prefill,
+            policy=self.scheduling_policy,
             scheduler_name=self.scheduler_name,
             scheduler_host=self.scheduler_host,
             scheduler_port=self.scheduler_port,
@@ -170,7 +192,22 @@ class EngineArgs:
             values.setdefault("backend", self.guided_decoding_backend)
         return StructuredOutputsConfig.from_value(values)
 
+    def _warn_ignored_flags(self) -> list[str]:
+        """Warn once for each flag set here that has no effect in this engine or on this platform."""
+        from fastdeploy.platforms import current_platform
+
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        defaults = {f.name: f.default for f in fields(self)}
+        reasons = {**_NO_EFFECT_FLAGS, **current_platform.ignored_flags()}
+        return warn_ignored_flags(values, {name: (defaults[name], reason) for name, reason in reasons.items()})
+
     def _reject_unbuilt(self) -> None:
+        """Refuse, by flag name, values that ask for a feature this build lacks."""
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"Invalid --kv-cache-dtype {self.kv_cache_dtype!r}; expected one of "
+                             f"{', '.join(KV_CACHE_DTYPES)}.")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"Invalid --scheduling-policy {self.scheduling_policy!r}; expected fcfs or priority.")
         unbuilt = {
             "tensor_parallel_size": self.tensor_parallel_size != 1,
             "pipeline_parallel_size": self.pipeline_parallel_size != 1,
@@ -178,6 +215,10 @@ class EngineArgs:
             "speculative_config": self.speculative_config is not None,
             # PD goes through the router (--splitwise-role); FastDeploy's splitwise scheduler is not built.
             "scheduler_name": self.scheduler_name == "splitwise",
+            # The scheduler serves requests first come, first served; the request's priority is not read.
+            "scheduling_policy": self.scheduling_policy == "priority",
+            # No kernel reads or writes an fp8 KV cache ("bfloat16" is checked against the model's dtype).
+            "kv_cache_dtype": self.kv_cache_dtype.startswith("fp8"),
         }
         for name, used in unbuilt.items():
             if used:
@@ -207,8 +248,6 @@ class EngineArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """Add every engine flag (vLLM's names and defaults, FastDeploy's aliases) to ``parser``."""
-        from fastdeploy.engine.cli_args import add_engine_cli_args
-
         return add_engine_cli_args(parser)
 
     @classmethod

@@ -76,13 +76,17 @@ class AsyncLLM:
         engine_core_cls: dotted path of the engine core class (tests swap in a model-free core).
         engine_port: TCP port of the core's request socket (FastDeploy's --engine-worker-queue-port);
             IPC sockets when None.
+        max_log_len: most prompt characters and token ids a request log line prints (vLLM's
+            --max-log-len); None prints them whole.
     """
 
     def __init__(self, fd_config: FDConfig, *, log_requests: bool = False, log_stats: bool = True,
-                 engine_core_cls: str | None = None, engine_port: int | None = None) -> None:
+                 engine_core_cls: str | None = None, engine_port: int | None = None,
+                 max_log_len: int | None = None) -> None:
         self.fd_config = fd_config
         self.model_config = fd_config.model_config
         self.log_requests = log_requests
+        self.max_log_len = max_log_len
         self.tokenizer = get_tokenizer_for_model(self.model_config)
         self.processor = Processor(self.model_config, self.tokenizer, fd_config.structured_outputs_config,
                                    fd_config.kv_transfer_config.enabled)
@@ -194,8 +198,11 @@ class AsyncLLM:
             raise
         self.collectors[request_id] = collector
         if self.log_requests:
+            # As vLLM's RequestLogger: --max-log-len cuts both the text and the ids.
+            cut = slice(None, self.max_log_len)
+            text = processed.prompt.text
             logger.info("Added request %s: prompt: %r, params: %s, prompt_token_ids: %s", request_id,
-                        processed.prompt.text, params, processed.prompt.token_ids)
+                        text[cut] if text is not None else None, params, processed.prompt.token_ids[cut])
         return collector
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, *,

@@ -1,15 +1,19 @@
 """The engine's command-line flags: vLLM's names and defaults, plus FastDeploy's own.
 
 Kept apart from :mod:`fastdeploy.engine.arg_utils` so the dataclass stays readable;
-``EngineArgs.add_cli_args`` calls :func:`add_engine_cli_args`.
+``EngineArgs.add_cli_args`` calls :func:`add_engine_cli_args`. Imports go one way only:
+``arg_utils`` -> ``cli_args`` -> ``utils.argparse_utils`` (which imports neither), so none
+of the three imports a module that imports it back.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from fastdeploy.engine.arg_utils import parse_size
-from fastdeploy.utils.argparse_utils import optional_json
+from fastdeploy.utils.argparse_utils import optional_json, parse_size
+
+# vLLM's --kv-cache-dtype values; "auto" stores the KV cache in the model's compute dtype.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
 
 
 def max_model_len_type(value: str) -> int | None:
@@ -31,7 +35,8 @@ def _model_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", type=str, default=None, help="Tokenizer folder when it differs from the model's.")
     g.add_argument("--tokenizer-mode", type=str, default="auto", choices=["auto", "slow"], help="Tokenizer mode.")
     g.add_argument("--trust-remote-code", action="store_true", help="Trust remote code from Hugging Face.")
-    g.add_argument("--revision", type=str, default=None, help="Model revision (local files only: accepted, unused).")
+    g.add_argument("--revision", type=str, default=None,
+                   help="Model revision (local files only: no effect, warns when set).")
     g.add_argument("--dtype", type=str, default="auto",
                    choices=["auto", "half", "float16", "bfloat16", "float", "float32", "fp16", "bf16", "fp32"],
                    help="Data type of weights and activations.")
@@ -45,7 +50,7 @@ def _model_group(parser: argparse.ArgumentParser) -> None:
                    help="Most logprobs a request may ask for (-1 = no limit).")
     g.add_argument("--generation-config", type=str, default="auto",
                    help="Folder of generation_config.json ('auto' = the model's, 'vllm' = none).")
-    g.add_argument("--enforce-eager", action="store_true", help="Always run eagerly (no graph capture).")
+    g.add_argument("--enforce-eager", action="store_true", help="Always run eagerly (no graph capture; on CPU always so: warns).")
     g.add_argument("--model-impl", type=str, default="auto", choices=["auto", "fastdeploy", "paddleformers"],
                    help="Model implementation.")
     g.add_argument("--served-model-name", type=str, nargs="+", default=None,
@@ -57,13 +62,17 @@ def _cache_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=int, default=None, choices=[1, 8, 16, 32, 64, 128, 256],
                    help="Tokens per KV-cache block (default 16).")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
-                   help="Fraction of device memory for the model and KV cache (GPU platforms).")
+                   help="Fraction of device memory for the model and KV cache (GPU platforms; warns on CPU).")
     g.add_argument("--kv-cache-memory-bytes", type=size_type, default=None,
                    help="KV-cache size in bytes (accepts 1G, 512M); on CPU the default is FD_CPU_KVCACHE_SPACE GiB.")
-    g.add_argument("--swap-space", type=float, default=4, help="CPU swap space per device, GiB.")
+    g.add_argument("--swap-space", type=float, default=4,
+                   help="CPU swap space per device, GiB (no effect: preemption recomputes; warns when set).")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="Reuse KV blocks of shared prompt prefixes (default on).")
-    g.add_argument("--kv-cache-ratio", type=float, default=0.75, help="FastDeploy: share of blocks for prefill.")
+    g.add_argument("--kv-cache-dtype", type=str, default="auto", choices=list(KV_CACHE_DTYPES),
+                   help="KV cache dtype; 'auto' = the model's compute dtype (fp8 has no kernel yet: refused).")
+    g.add_argument("--kv-cache-ratio", type=float, default=0.75,
+                   help="FastDeploy: share of blocks for prefill (no effect: one shared pool; warns when set).")
 
 
 def _scheduler_group(parser: argparse.ArgumentParser) -> None:
@@ -72,6 +81,8 @@ def _scheduler_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=size_type, default=None, help="Token budget of one step.")
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None,
                    help="Split long prefills across steps (default on).")
+    g.add_argument("--scheduling-policy", type=str, default="fcfs", choices=["fcfs", "priority"],
+                   help="Order of serving requests: fcfs (priority scheduling is not built: refused).")
     g.add_argument("--scheduler-name", type=str, default="local", choices=["local", "global", "splitwise"],
                    help="FastDeploy scheduler: local, or global (instances share a request queue in Redis).")
     g.add_argument("--scheduler-host", type=str, default=None, help="Redis host of the global scheduler.")
@@ -96,14 +107,15 @@ def _deployment_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--engine-worker-queue-port", type=int, default=None,
                    help="TCP port of the engine core's request socket (the reply socket uses the next port); "
                         "default: local IPC sockets.")
-    g.add_argument("--cache-queue-port", type=int, default=None, help="Port of the KV-cache transfer queue.")
+    g.add_argument("--cache-queue-port", type=int, default=None,
+                   help="FastDeploy's KV-cache transfer queue port (no effect: no such queue; warns when set).")
     g.add_argument("--splitwise-role", type=str, default="mixed", choices=["mixed", "prefill", "decode"],
                    help="Role in prefill/decode disaggregation.")
     g.add_argument("--cache-transfer-protocol", type=str, default=None, help="KV transfer protocol (ipc, rdma, ...).")
     g.add_argument("--pd-comm-port", type=int, nargs="+", default=None, help="Ports for PD communication.")
     g.add_argument("--router", type=str, default=None, help="URL of the router to register with.")
     g.add_argument("--enable-logprob", action="store_true",
-                   help="Accepted for FastDeploy scripts; logprobs are always available.")
+                   help="Accepted for FastDeploy scripts; logprobs are always available (warns when set).")
     g.add_argument("--disable-log-stats", action="store_true", help="Do not log throughput statistics.")
 
 
@@ -113,7 +125,7 @@ def _feature_group(parser: argparse.ArgumentParser) -> None:
         ("--speculative-config", "Speculative decoding config"),
         ("--kv-transfer-config", "KV transfer config for disaggregated serving"),
         ("--structured-outputs-config", "Structured outputs config"),
-        ("--graph-optimization-config", "FastDeploy graph optimization config"),
+        ("--graph-optimization-config", "FastDeploy graph optimization config (CUDA graphs; warns on CPU)"),
     ):
         g.add_argument(flag, type=optional_json, default=None, help=f"{what} (JSON, or --{flag[2:]}.KEY VALUE).")
     g.add_argument("--guided-decoding-backend", type=str, default=None,

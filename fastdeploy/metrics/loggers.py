@@ -81,9 +81,8 @@ class PrometheusStatLogger:
         self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
-        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
-        self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        # vllm:spec_decode_* are not registered: vLLM registers them only when speculative decoding is
+        # configured, and here it is not built (--speculative-config is refused), so they could only read 0.
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           [*labels, "finished_reason"], registry=self.registry)
         self.request_success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}

@@ -191,3 +191,16 @@ class CpuPlatform(Platform):
 
     def kv_cache_bytes(self, fd_config: FDConfig) -> int:
         return fd_config.cache_config.kv_cache_bytes()
+
+    def ignored_flags(self) -> dict[str, str]:
+        """Engine flags with no meaning on CPU, each with the reason logged when a user sets one.
+
+        vLLM's CPU backend ignores these too: memory is not profiled (the KV cache is sized
+        by --kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE) and nothing is graph-captured.
+        """
+        return {
+            "gpu_memory_utilization": "the CPU KV cache is sized by --kv-cache-memory-bytes, else "
+                                      "VLLM_CPU_KVCACHE_SPACE / FD_CPU_KVCACHE_SPACE GiB (as vLLM CPU)",
+            "enforce_eager": "the CPU build always runs eagerly (there is no graph capture to turn off)",
+            "graph_optimization_config": "there is no CUDA graph capture or graph compilation on CPU",
+        }

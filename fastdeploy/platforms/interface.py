@@ -116,6 +116,13 @@ class Platform:
             )
         fd_config.model_config.dtype = self.resolve_dtype(fd_config.model_config.dtype)
 
+    def ignored_flags(self) -> dict[str, str]:
+        """Engine flags (EngineArgs field names) that have no meaning on this platform, with why.
+
+        Setting one to a non-default value logs one warning at start-up (EngineArgs).
+        """
+        return {}
+
 
 class UnbuiltPlatform(Platform):
     """A platform FastDeploy knows about but does not build on this machine yet."""

@@ -12,10 +12,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any
 
 import yaml
+
+_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
+
+
+def parse_size(value: str | int) -> int:
+    """``2048``, ``1k`` (1000), ``1K`` (1024), ``32K``, ``1m``/``1M``... as vLLM's --max-model-len."""
+    if isinstance(value, int):
+        return value
+    m = _SIZE_RE.match(str(value).strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"invalid size {value!r}: expected an integer optionally followed by k/K/m/M/g/G")
+    number, suffix = float(m.group(1)), m.group(2)
+    scale = {"": 1, "k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2, "g": 1000**3, "G": 1024**3}[suffix]
+    return int(number * scale)
+
+
+def parse_json(value: str | dict | None) -> dict | None:
+    """A JSON-object flag value (text or an already parsed dict); anything else is an ArgumentTypeError."""
+    if value is None or isinstance(value, dict):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"invalid JSON {value!r}: {e}") from e
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return parsed
 
 
 def _coerce_scalar(text: str) -> Any:
@@ -164,8 +192,6 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
 
 def optional_json(value: str) -> dict[str, Any] | None:
     """argparse type of a JSON-object flag (``None``/``null`` -> None)."""
-    from fastdeploy.engine.arg_utils import parse_json
-
     if value in ("", "None", "null"):
         return None
     return parse_json(value)

@@ -114,6 +114,35 @@ async def test_generate_abort_utility_and_death(fd_config):
         llm.shutdown()
 
 
+@pytest.mark.anyio
+async def test_max_log_len_cuts_the_request_log(fd_config):
+    """--enable-log-requests with --max-log-len prints at most that many prompt characters and ids (vLLM's)."""
+    import logging
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    handler = Collect(logging.INFO)
+    logger = logging.getLogger("fastdeploy.engine.async_llm")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    llm = AsyncLLM(fd_config, engine_core_cls=FAKE_CORE, log_stats=False, log_requests=True, max_log_len=3)
+    try:
+        prompt = {"prompt_token_ids": [10, 11, 12, 13, 14, 15]}
+        async for _ in llm.generate(prompt, SamplingParams(max_tokens=1), "logged"):
+            pass
+    finally:
+        llm.shutdown()
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    added = [line for line in lines if line.startswith("Added request logged")]
+    assert len(added) == 1 and added[0].endswith("prompt_token_ids: [10, 11, 12]"), lines
+
+
 def test_engine_start_failure_is_reported(fd_config):
     with pytest.raises(RuntimeError, match="Engine core initialization failed"):
         AsyncLLM(fd_config, engine_core_cls="fake_engine_core.NoSuchCore", log_stats=False)

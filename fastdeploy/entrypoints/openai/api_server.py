@@ -351,7 +351,7 @@ async def run_server(args: argparse.Namespace) -> int:
         # Structured outputs then constrain only the answer, after the reasoning (as in vLLM).
         engine_args.structured_outputs_config = {**(engine_args.structured_outputs_config or {}),
                                                  "reasoning_parser": args.reasoning_parser}
-    engine = AsyncLLM.from_engine_args(engine_args)
+    engine = AsyncLLM.from_engine_args(engine_args, max_log_len=args.max_log_len)
     if engine.engine_core.cpu_binding is not None:
         # The engine computes on its own cores; the HTTP process keeps the others.
         bind_process(engine.engine_core.cpu_binding.api, "API server")

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from fastdeploy import envs
-from fastdeploy.engine.arg_utils import AsyncEngineArgs
+from fastdeploy.engine.arg_utils import AsyncEngineArgs, warn_ignored_flags
 from fastdeploy.entrypoints.openai.chat_parsing import ChatParserConfig
 from fastdeploy.transformers_utils.model_resolver import DEFAULT_MODEL_NAME
 from fastdeploy.utils.argparse_utils import FlexibleArgumentParser
@@ -15,6 +15,16 @@ from fastdeploy.utils.argparse_utils import FlexibleArgumentParser
 _UNBUILT_FRONTEND_FLAGS = {
     "tool_parser_plugin": "--tool-parser-plugin (plugins)",
     "lora_modules": "--lora-modules (LoRA adapters)",
+}
+
+# Frontend flags accepted for vLLM compatibility that change nothing here: dest -> (default, why).
+# Setting one logs the reason once at start-up (warn_ignored_flags).
+_NO_EFFECT_FRONTEND_FLAGS: dict[str, tuple[object, str]] = {
+    "disable_frontend_multiprocessing": (False, "the server always runs the engine client in its own process and "
+                                                "the engine core in another (vLLM V1's layout)"),
+    "disable_log_requests": (False, "deprecated (as in vLLM): requests are logged only with --enable-log-requests"),
+    "chat_template_content_format": ("auto", "message content is always given to the chat template as one string "
+                                             "(the models served are text-only)"),
 }
 
 
@@ -44,7 +54,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--lora-modules", type=str, nargs="+", default=None, help="LoRA modules (not built yet).")
     g.add_argument("--chat-template", type=str, default=None, help="Chat template: a file path or the template.")
     g.add_argument("--chat-template-content-format", type=str, default="auto", choices=["auto", "string", "openai"],
-                   help="How message content is given to the chat template (text-only models: string).")
+                   help="How message content is given to the chat template (always a string here: "
+                        "text-only models; warns when set).")
     g.add_argument("--trust-request-chat-template", action="store_true",
                    help="Accepted for vLLM compatibility; requests may always pass chat_template.")
     g.add_argument("--response-role", type=str, default="assistant",
@@ -56,7 +67,7 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--return-tokens-as-token-ids", action="store_true",
                    help="Spell tokens as 'token_id:<id>' in logprobs.")
     g.add_argument("--disable-frontend-multiprocessing", action="store_true",
-                   help="Accepted for vLLM compatibility (the engine always runs in its own process).")
+                   help="Accepted for vLLM compatibility (the engine always runs in its own process; warns).")
     g.add_argument("--enable-request-id-headers", action="store_true", help="Return X-Request-Id headers.")
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='Let the model call tools on its own (tool_choice="auto"); needs --tool-call-parser.')
@@ -65,7 +76,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
     g.add_argument("--tool-parser-plugin", type=str, default=None, help="Tool parser plugin (not built yet).")
     g.add_argument("--reasoning-parser", type=str, default=None,
                    help="Parser splitting the model's reasoning into message.reasoning (qwen3, deepseek_r1, ...).")
-    g.add_argument("--max-log-len", type=int, default=None, help="Longest prompt text put in request logs.")
+    g.add_argument("--max-log-len", type=int, default=None,
+                   help="Most prompt characters and token ids printed per request by --enable-log-requests.")
     g.add_argument("--disable-fastapi-docs", action="store_true", help="Disable /docs, /redoc and /openapi.json.")
     g.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="Report usage.prompt_tokens_details.cached_tokens.")
@@ -90,6 +102,7 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
     for attr, flag in _UNBUILT_FRONTEND_FLAGS.items():
         if getattr(args, attr, None):
             raise ValueError(f"{flag} is not supported by this FastDeploy build yet.")
+    warn_ignored_flags(vars(args), _NO_EFFECT_FRONTEND_FLAGS)
     if args.enable_auto_tool_choice and not args.tool_call_parser:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
     # Unknown parser names fail here, before the model loads.

@@ -49,13 +49,42 @@ def _canonical_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def forbid_additional_properties(schema: Any) -> Any:
+    """The JSON schema with ``additionalProperties: false`` on every object that does not set it.
+
+    vLLM's ``disable_additional_properties``: an object schema then admits only the
+    properties it lists, whatever the backend's default for unlisted ones. A schema
+    given as text that does not parse is returned unchanged (validation reports it).
+    """
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError:
+            return schema
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {key: walk(value) for key, value in node.items()}
+        if out.get("type") == "object" and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+
+    return walk(schema)
+
+
 def get_structured_output_key(
     params: StructuredOutputsParams, config: StructuredOutputsConfig | None = None
 ) -> StructuredOutputKey:
     """The cache key of a request's constraint (engine config and per-request options folded in)."""
     any_whitespace = not (params.disable_any_whitespace or (config is not None and config.disable_any_whitespace))
     if params.json is not None:
-        return StructuredOutputKey(StructuredOutputOptions.JSON, _canonical_json(params.json), any_whitespace)
+        schema = params.json
+        if params.disable_additional_properties or (config is not None and config.disable_additional_properties):
+            schema = forbid_additional_properties(schema)
+        return StructuredOutputKey(StructuredOutputOptions.JSON, _canonical_json(schema), any_whitespace)
     if params.json_object:
         return StructuredOutputKey(StructuredOutputOptions.JSON_OBJECT, "", any_whitespace)
     if params.regex is not None:

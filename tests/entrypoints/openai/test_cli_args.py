@@ -26,6 +26,7 @@ def test_vllm_defaults():
 
 
 def test_every_compat_flag_is_accepted():
+    """COMPAT.md's flags all parse; what the ones without effect do (warn / refuse) is in tests/engine/test_flag_effects.py."""
     args = parse(
         "--host", "127.0.0.1", "--port", "9000", "--served-model-name", "a", "b", "--api-key", "k",
         "--allowed-origins", '["http://x"]', "--uvicorn-log-level", "debug", "--tokenizer", "t", "--revision", "main",
@@ -44,12 +45,12 @@ def test_every_compat_flag_is_accepted():
         "--cache-transfer-protocol", "ipc", "--pd-comm-port", "7200", "7201", "--router", "http://r:8",
         "--scheduler-name", "local", "--scheduler-host", "h", "--scheduler-port", "6379", "--scheduler-topic", "t",
         "--graph-optimization-config", '{"use_cudagraph": false}', "--enable-logprob",
+        "--kv-cache-dtype", "auto", "--scheduling-policy", "fcfs", "--max-log-len", "100",
     )
     assert args.served_model_name == ["a", "b"] and args.api_key == ["k"]
     assert args.max_model_len == 1000 and args.quantization == "fp8"
     assert args.kv_cache_memory_bytes == 1 << 30 and args.enable_prefix_caching is False
     assert args.speculative_config == {"method": "ngram"} and args.pd_comm_port == [7200, 7201]
-    assert args.graph_optimization_config == {"use_cudagraph": False}
     engine_args = AsyncEngineArgs.from_cli_args(args)
     assert engine_args.engine_worker_queue_port == 7000 and engine_args.enable_log_requests
 
