@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fastdeploy.distributed.kv_transfer.base import (
+from fastdeploy.distributed.kv_transfer.zmq_connector import (
     KVConnectorBase,
     KVTransferError,
     KVTransferTimeout,

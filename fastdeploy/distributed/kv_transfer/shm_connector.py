@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from fastdeploy.distributed.kv_transfer.base import PayloadTransport, ZmqKVConnector
+from fastdeploy.distributed.kv_transfer.zmq_connector import PayloadTransport, ZmqKVConnector
 from fastdeploy.distributed.kv_transfer.topology import SHM
 
 _MIN_SEGMENT = 1 << 20
