@@ -40,7 +40,7 @@ from pathlib import Path
 
 from fastdeploy import envs
 from fastdeploy.logger import init_logger
-from fastdeploy.platforms.cpu import cpu_flags_line
+from fastdeploy.platforms.cpu_features import cpu_flags_line
 
 logger = init_logger(__name__)
 
@@ -176,9 +176,9 @@ def _run_compiler(target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     log_path = tmp / "build.log"
     repo_root = Path(__file__).resolve().parent.parent
-    env = dict(os.environ)
     # The child imports this module by name from the source tree, whatever sys.path the parent had.
-    env["PYTHONPATH"] = os.pathsep.join([str(repo_root)] + [p for p in [env.get("PYTHONPATH")] if p])
+    python_path = os.pathsep.join([str(repo_root)] + [p for p in [envs.python_path()] if p])
+    env = envs.environment_with({"PYTHONPATH": python_path})
     logger.info("Building the C++ kernels (csrc/cpu) into %s; this takes about a minute, once.", target)
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.run(
@@ -221,7 +221,7 @@ def ensure_built() -> Path | None:
         return so
     if (target / "FAILED").is_file():
         return None
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
+    if shutil.which(envs.cxx()) is None:
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".build.lock", "w") as lock:
@@ -243,7 +243,7 @@ def failure_reason() -> str:
         return "FD_CPU_KERNELS=0"
     if not CSRC_DIR.is_dir():
         return f"the kernel sources ({CSRC_DIR}) are not installed"
-    if shutil.which(os.environ.get("CXX", "c++")) is None:
+    if shutil.which(envs.cxx()) is None:
         return "no C++ compiler (c++) on PATH"
     log = build_dir() / "build.log"
     if log.is_file():

@@ -7,11 +7,14 @@ Public names are imported lazily so that ``import fastdeploy.sampling_params``
 import importlib
 import os as _os
 
+from fastdeploy import envs as _envs
+
 # Whether the user chose the thread count; the API server then passes it to the engine
 # process unchanged instead of leaving one core to the HTTP process.
-USER_SET_OMP_NUM_THREADS = "OMP_NUM_THREADS" in _os.environ
-# Paddle forces OMP_NUM_THREADS=1 at import unless it is already set.
-_os.environ.setdefault("OMP_NUM_THREADS", str(len(_os.sched_getaffinity(0))))
+USER_SET_OMP_NUM_THREADS = _envs.omp_num_threads() is not None
+# Paddle forces OMP_NUM_THREADS=1 at import unless it is already set: set it before anything imports Paddle.
+if not USER_SET_OMP_NUM_THREADS:
+    _os.environ["OMP_NUM_THREADS"] = str(_envs.default_omp_num_threads())
 
 from fastdeploy.version import __version__  # noqa: E402
 

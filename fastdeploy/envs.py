@@ -12,14 +12,32 @@ FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (defa
                         list such as "1" or "2-3"; VLLM_CPU_OMP_THREADS_BIND too (fastdeploy/platforms/cpu_binding.py).
 FD_KV_TRANSFER_TIMEOUT  seconds a prefill instance keeps a request's KV blocks for its decode instance, and a
                         decode instance waits for them (default 120); VLLM_NIXL_ABORT_REQUEST_TIMEOUT too.
+FD_MAX_N_SEQUENCES      the largest ``n`` / beam width a request may ask for (default 16384);
+                        VLLM_MAX_N_SEQUENCES too.
+FD_MAX_NUM_BAD_WORDS    the most ``bad_words`` a request may give (default 128); VLLM_MAX_NUM_BAD_WORDS too.
+
+Variables of other tools that FastDeploy reads:
+
+OMP_NUM_THREADS         compute threads. ``import fastdeploy`` sets it, before Paddle is imported (Paddle would
+                        force 1), to the cores this process may run on unless the user set it; the API server
+                        then gives the engine process one core less (fastdeploy/engine/core_client.py).
+CXX                     the C++ compiler that builds csrc/cpu (default ``c++``).
+PYTHONPATH              kept, after the source tree, for the process that builds the kernels.
+OPENAI_API_KEY          API key of ``fastdeploy chat|complete`` and ``fastdeploy bench serve`` (a client's key).
+
+Outside this module the package reads no environment variable (tests/test_envs.py checks it); it may set
+some for its own child processes, through :func:`child_environment` or :func:`environment_with`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator, Mapping
 
 
 def _first(*names: str, default: str | None = None) -> str | None:
+    """The value of the first of ``names`` that is set and not empty, else ``default``."""
     for name in names:
         value = os.environ.get(name)
         if value not in (None, ""):
@@ -28,10 +46,12 @@ def _first(*names: str, default: str | None = None) -> str | None:
 
 
 def platform_override() -> str | None:
+    """FD_PLATFORM: the platform to use instead of detecting one (None: detect)."""
     return _first("FD_PLATFORM")
 
 
 def cpu_kvcache_space_gib() -> float:
+    """FD_CPU_KVCACHE_SPACE (or VLLM_CPU_KVCACHE_SPACE): KV cache GiB on CPU (4), positive."""
     value = _first("FD_CPU_KVCACHE_SPACE", "VLLM_CPU_KVCACHE_SPACE", default="4")
     try:
         space = float(value)
@@ -43,30 +63,37 @@ def cpu_kvcache_space_gib() -> float:
 
 
 def logging_level() -> str:
+    """FD_LOGGING_LEVEL (or VLLM_LOGGING_LEVEL): the fastdeploy logger's level, upper case (INFO)."""
     return (_first("FD_LOGGING_LEVEL", "VLLM_LOGGING_LEVEL", default="INFO") or "INFO").upper()
 
 
 def api_key() -> str | None:
+    """FD_API_KEY (or VLLM_API_KEY): the key the server requires (None: no key)."""
     return _first("FD_API_KEY", "VLLM_API_KEY")
 
 
 def default_model() -> str | None:
+    """FD_DEFAULT_MODEL: the model used when none is given (None: the embedded SmolLM2)."""
     return _first("FD_DEFAULT_MODEL")
 
 
 def cache_root() -> str:
+    """FD_CACHE_ROOT: where converted artefacts and built kernels are cached (~/.cache/fastdeploy)."""
     return _first("FD_CACHE_ROOT", default=os.path.join(os.path.expanduser("~"), ".cache", "fastdeploy"))
 
 
 def cpu_kernels_enabled() -> bool:
+    """FD_CPU_KERNELS: False when set to 0/false/off (plain Paddle ops instead of csrc/cpu)."""
     return _first("FD_CPU_KERNELS", default="1") not in ("0", "false", "False", "off")
 
 
 def cpu_omp_threads_bind() -> str:
+    """FD_CPU_OMP_THREADS_BIND (or VLLM_CPU_OMP_THREADS_BIND): the engine's cores (auto)."""
     return _first("FD_CPU_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND", default="auto") or "auto"
 
 
 def kv_transfer_timeout_s() -> float:
+    """FD_KV_TRANSFER_TIMEOUT (or VLLM_NIXL_ABORT_REQUEST_TIMEOUT): PD KV hand-off seconds (120)."""
     value = _first("FD_KV_TRANSFER_TIMEOUT", "VLLM_NIXL_ABORT_REQUEST_TIMEOUT", default="120")
     try:
         timeout = float(value)
@@ -75,3 +102,79 @@ def kv_transfer_timeout_s() -> float:
     if timeout <= 0:
         raise ValueError(f"FD_KV_TRANSFER_TIMEOUT must be positive, got {value!r}.")
     return timeout
+
+
+def _int(*names: str, default: int) -> int:
+    """The first of ``names`` that is set, as an integer (FastDeploy's name first, vLLM's honoured too)."""
+    for name in names:
+        value = _first(name)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"{name} must be an integer, got {value!r}.") from None
+    return default
+
+
+def max_n_sequences() -> int:
+    """FD_MAX_N_SEQUENCES (or VLLM_MAX_N_SEQUENCES): the largest ``n`` / beam width of a request (16384)."""
+    return _int("FD_MAX_N_SEQUENCES", "VLLM_MAX_N_SEQUENCES", default=16384)
+
+
+def max_num_bad_words() -> int:
+    """FD_MAX_NUM_BAD_WORDS (or VLLM_MAX_NUM_BAD_WORDS): the most ``bad_words`` of a request (128)."""
+    return _int("FD_MAX_NUM_BAD_WORDS", "VLLM_MAX_NUM_BAD_WORDS", default=128)
+
+
+def omp_num_threads() -> str | None:
+    """OMP_NUM_THREADS as it is now (None when unset; set by ``import fastdeploy`` unless the user did)."""
+    return os.environ.get("OMP_NUM_THREADS")
+
+
+def default_omp_num_threads() -> int:
+    """The OMP_NUM_THREADS ``import fastdeploy`` sets when the user did not: the cores this process may use."""
+    return len(os.sched_getaffinity(0))
+
+
+def cxx() -> str:
+    """CXX: the C++ compiler that builds the kernels (default ``c++``)."""
+    return _first("CXX", default="c++") or "c++"
+
+
+def python_path() -> str | None:
+    """PYTHONPATH of this process (the kernel build keeps it after the source tree)."""
+    return _first("PYTHONPATH")
+
+
+def openai_api_key(default: str | None = None) -> str | None:
+    """OPENAI_API_KEY: the key the CLI's OpenAI clients send (``chat``, ``complete``, ``bench serve``)."""
+    return _first("OPENAI_API_KEY", default=default)
+
+
+def reported_variables(prefixes: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(name, value) of every set variable whose name starts with one of ``prefixes``, sorted by name.
+
+    For ``fastdeploy collect-env``: secrets (names with KEY or TOKEN) are left out.
+    """
+    return [(name, os.environ[name]) for name in sorted(os.environ)
+            if name.startswith(prefixes) and "KEY" not in name and "TOKEN" not in name]
+
+
+def environment_with(overrides: Mapping[str, str]) -> dict[str, str]:
+    """A copy of this process's environment with ``overrides``: the ``env`` of a subprocess."""
+    return {**os.environ, **overrides}
+
+
+@contextlib.contextmanager
+def child_environment(overrides: Mapping[str, str]) -> Iterator[None]:
+    """Set ``overrides`` for a child started inside the block (spawn copies os.environ); restored after."""
+    saved = {name: os.environ.get(name) for name in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

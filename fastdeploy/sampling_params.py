@@ -7,11 +7,11 @@ scripts and tests written against vLLM behave identically here.
 
 import copy
 import math
-import os
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
+from fastdeploy import envs
 from fastdeploy.logger import init_logger
 
 logger = init_logger(__name__)
@@ -33,24 +33,8 @@ _MAX_TEMP = 1e-2
 _LOGIT_BIAS_LIMIT = 100.0
 
 
-def _env_int(names: tuple[str, ...], default: int) -> int:
-    """First integer set among ``names`` (FastDeploy name first, vLLM's honoured too)."""
-    for name in names:
-        value = os.environ.get(name)
-        if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ValueError(f"{name} must be an integer, got {value!r}.") from None
-    return default
-
-
 def _max_n_sequences() -> int:
-    return _env_int(("FD_MAX_N_SEQUENCES", "VLLM_MAX_N_SEQUENCES"), 16384)
-
-
-def _max_num_bad_words() -> int:
-    return _env_int(("FD_MAX_NUM_BAD_WORDS", "VLLM_MAX_NUM_BAD_WORDS"), 128)
+    return envs.max_n_sequences()
 
 
 class ParamValidationError(ValueError):

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from fastdeploy import envs
 from fastdeploy.benchmarks.datasets import SampleRequest, add_dataset_parser, get_samples
 from fastdeploy.benchmarks.endpoint_request_func import (
     AIOHTTP_TIMEOUT_S,
@@ -357,7 +358,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
     np.random.seed(args.seed)
     api_url, base_url = _api_urls(args)
-    api_key = os.environ.get("OPENAI_API_KEY")
+    api_key = envs.openai_api_key()
     model_id = args.model
     if model_id is None:
         models = _served_models(base_url, api_key)

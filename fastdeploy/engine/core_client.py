@@ -10,12 +10,13 @@ import os
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing.connection import wait as wait_for
 
 import zmq
 import zmq.asyncio
 
+from fastdeploy import envs
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.core_messages import (
     EngineCoreOutputType,
@@ -45,21 +46,6 @@ def _int_or(value: str | None, default: int) -> int:
         return max(1, int(value or ""))
     except ValueError:
         return default
-
-
-@contextlib.contextmanager
-def _child_environment(overrides: dict[str, str]) -> Iterator[None]:
-    """Set environment variables for a child started inside the block (spawn copies os.environ)."""
-    saved = {k: os.environ.get(k) for k in overrides}
-    os.environ.update(overrides)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _socket_addresses(port: int | None) -> tuple[str, str, list[str]]:
@@ -104,7 +90,7 @@ class EngineCoreClient:
         import fastdeploy
 
         if fastdeploy.USER_SET_OMP_NUM_THREADS:
-            env, threads = {}, _int_or(os.environ.get("OMP_NUM_THREADS"), engine_omp_threads())
+            env, threads = {}, _int_or(envs.omp_num_threads(), engine_omp_threads())
         else:
             threads = omp_threads or engine_omp_threads()
             env = {"OMP_NUM_THREADS": str(threads)}
@@ -119,7 +105,7 @@ class EngineCoreClient:
                   self.cpu_binding.engine if self.cpu_binding else None),
             daemon=True,
         )
-        with _child_environment(env):
+        with envs.child_environment(env):
             self.proc.start()
         ready_writer.close()
         try:

@@ -30,10 +30,10 @@ from fastdeploy.engine.core_messages import (
     request_decoder,
     utility_call_decoder,
 )
+from fastdeploy.engine.global_scheduler.bridge import BridgeMessage, CoreEndpoint, GlobalSchedulerBridge
 from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from fastdeploy.logger import init_logger
 from fastdeploy.platforms.cpu_binding import bind_process
-from fastdeploy.scheduler.engine_bridge import BridgeMessage, CoreEndpoint, GlobalSchedulerBridge
 
 logger = init_logger(__name__)
 

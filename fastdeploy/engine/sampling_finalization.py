@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastdeploy.sampling_params import ParamValidationError, SamplingParams, _max_num_bad_words
+from fastdeploy import envs
+from fastdeploy.sampling_params import ParamValidationError, SamplingParams
 
 
 def _max_token_id(tokenizer: Any) -> int:
@@ -80,7 +81,7 @@ def update_from_tokenizer(params: SamplingParams, tokenizer: Any, vocab_size: in
     """
     max_token_id = _max_token_id(tokenizer)
     if params.bad_words:
-        max_num_bad_words = _max_num_bad_words()
+        max_num_bad_words = envs.max_num_bad_words()
         params._bad_words_token_ids = []
         for bad_word in params.bad_words:
             plain: list[int] | None = None

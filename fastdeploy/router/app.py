@@ -17,9 +17,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from fastdeploy.logger import init_logger
 from fastdeploy.router.errors import error_response
 from fastdeploy.router.instance import InstanceRole
-from fastdeploy.router.router import Router, forward_headers
+from fastdeploy.router.router import Router, RouterArgs, forward_headers
+
+logger = init_logger("fastdeploy.router.launch")
 
 
 async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
@@ -130,3 +133,22 @@ def _address(body: dict[str, Any]) -> str | None:
     host = body.get("host") or body.get("host_ip")
     port = body.get("port")
     return f"{host}:{port}" if host and port else None
+
+
+def run_router(args: RouterArgs) -> int:
+    """Serve the router on ``args.host:args.port`` until interrupted; returns the exit code."""
+    router = Router(args)
+    app = build_app(router)
+    logger.info("FastDeploy router on http://%s:%d (policy %s, PD protocol %s)", args.host, args.port, args.policy,
+                args.pd_protocol)
+    import uvicorn
+
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                    timeout_graceful_shutdown=5)
+    except KeyboardInterrupt:
+        pass
+    except OSError as e:
+        logger.error("%s", e)
+        return 1
+    return 0

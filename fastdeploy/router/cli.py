@@ -79,7 +79,7 @@ def router_args_from(args: argparse.Namespace) -> RouterArgs:
 
 def main(args: argparse.Namespace) -> int:
     """Run the router until stopped; a bad flag ends with a message and exit code 1."""
-    from fastdeploy.router.launch import run_router
+    from fastdeploy.router.app import run_router
 
     try:
         router_args = router_args_from(args)

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 
 from fastdeploy.distributed.kv_transfer import create_kv_connector
-from fastdeploy.distributed.kv_transfer.base import KVTransferError, PeerAddress, ZmqKVConnector
+from fastdeploy.distributed.kv_transfer.base import KVTransferError, PeerAddress
 from fastdeploy.distributed.kv_transfer.metrics import KVTransferMetrics
+from fastdeploy.distributed.kv_transfer.zmq_connector import ZmqKVConnector
 from fastdeploy.logger import init_logger
 
 logger = init_logger("fastdeploy.distributed.kv_transfer.pd_engine")

@@ -8,6 +8,7 @@ import os
 import platform
 import sys
 
+from fastdeploy import envs
 from fastdeploy.entrypoints.cli.types import CLISubcommand
 from fastdeploy.platforms.cpu import cpu_features, cpuinfo
 
@@ -62,9 +63,7 @@ def collect_env() -> list[tuple[str, str]]:
             rows.append((name, importlib.metadata.version(name)))
         except importlib.metadata.PackageNotFoundError:
             continue
-    for key in sorted(os.environ):
-        if key.startswith(_ENV_PREFIXES) and "KEY" not in key and "TOKEN" not in key:
-            rows.append((key, os.environ[key]))
+    rows.extend(envs.reported_variables(_ENV_PREFIXES))
     return rows
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
+from fastdeploy import envs
 from fastdeploy.entrypoints.cli.types import CLISubcommand
 
 
@@ -13,7 +13,7 @@ def _client(args: argparse.Namespace) -> tuple[Any, str]:
     """An OpenAI client for --url, and the model to use (--model-name, else the server's first model)."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=args.url, api_key=args.api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"))
+    client = OpenAI(base_url=args.url, api_key=args.api_key or envs.openai_api_key("EMPTY"))
     if args.model_name:
         return client, args.model_name
     models = client.models.list()

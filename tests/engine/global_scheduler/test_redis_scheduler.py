@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fastdeploy.scheduler import (
+from fastdeploy.engine.global_scheduler import (
     GlobalScheduler,
     GlobalSchedulerConfig,
     ScheduledRequest,

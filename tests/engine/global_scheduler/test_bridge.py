@@ -18,9 +18,9 @@ from fastdeploy.engine.arg_utils import AsyncEngineArgs
 from fastdeploy.engine.async_llm import AsyncLLM
 from fastdeploy.engine.core_messages import abort_decoder, outputs_decoder, unpack_time
 from fastdeploy.engine.exceptions import EngineGenerateError
+from fastdeploy.engine.global_scheduler.bridge import BridgeMessage, CoreEndpoint
 from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
 from fastdeploy.sampling_params import RequestOutputKind, SamplingParams
-from fastdeploy.scheduler.engine_bridge import BridgeMessage, CoreEndpoint
 
 FAKE_CORE = "fake_engine_core.FakeEngineCore"
 # 900 tokens of 2 ms steps: a request runs for seconds, long enough to act on it midway.

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from fastdeploy.distributed.kv_transfer.base import PayloadTransport, ZmqKVConnector
+from fastdeploy.distributed.kv_transfer.base import PayloadTransport
 from fastdeploy.distributed.kv_transfer.topology import TCP
 
 
@@ -38,11 +38,3 @@ class TcpTransport(PayloadTransport):
             raise ValueError(f"Expected {len(shapes)} payload frames, got {len(frames)}.")
         arrays = [np.frombuffer(frame.buffer, dtype=dtype).reshape(shape) for frame, shape in zip(frames, shapes, strict=True)]
         return arrays, _noop
-
-
-class TCPConnector(ZmqKVConnector):
-    """A connector that always sends over TCP (it receives either transport)."""
-
-    def __init__(self, kv_caches: Sequence[tuple[np.ndarray, np.ndarray]], host: str = "127.0.0.1", port: int = 0,
-                 **kwargs: Any) -> None:
-        super().__init__(kv_caches, host, port, protocol=TCP, **kwargs)

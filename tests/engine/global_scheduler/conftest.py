@@ -10,7 +10,7 @@ import pytest
 from redis_process import RedisServer
 
 # The model-free engine core of tests/engine (also importable by the engine processes these tests spawn).
-_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TESTS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(_TESTS, "engine"))
 # Real API server processes: tests/router/real_server.py on tests/entrypoints/openai/remote_server.py.
 sys.path.insert(0, os.path.join(_TESTS, "router"))

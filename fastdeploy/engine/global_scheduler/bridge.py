@@ -42,17 +42,17 @@ from fastdeploy.engine.core_messages import (
     request_decoder,
     unpack_time,
 )
-from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from fastdeploy.logger import init_logger
-from fastdeploy.scheduler.global_scheduler import (
+from fastdeploy.engine.global_scheduler.redis_scheduler import (
     GlobalScheduler,
     GlobalSchedulerConfig,
     ScheduledRequest,
     ScheduledResult,
     SchedulerConnectionError,
 )
+from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from fastdeploy.logger import init_logger
 
-logger = init_logger("fastdeploy.scheduler.bridge")
+logger = init_logger("fastdeploy.engine.global_scheduler.bridge")
 
 _output_decoder = msgspec.msgpack.Decoder(EngineCoreOutput)
 

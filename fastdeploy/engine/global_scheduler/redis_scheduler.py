@@ -35,7 +35,7 @@ import msgspec
 
 from fastdeploy.logger import init_logger
 
-logger = init_logger("fastdeploy.scheduler.global")
+logger = init_logger("fastdeploy.engine.global_scheduler")
 
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from fastdeploy.distributed.kv_transfer.base import PayloadTransport, ZmqKVConnector
+from fastdeploy.distributed.kv_transfer.base import PayloadTransport
 from fastdeploy.distributed.kv_transfer.topology import SHM
 
 _MIN_SEGMENT = 1 << 20
@@ -135,11 +135,3 @@ class SharedMemoryTransport(PayloadTransport):
                 shm.unlink()
             except (FileNotFoundError, BufferError):
                 pass
-
-
-class SharedMemoryConnector(ZmqKVConnector):
-    """A connector that always sends through shared memory (peers must be on this host)."""
-
-    def __init__(self, kv_caches: Sequence[tuple[np.ndarray, np.ndarray]], host: str = "127.0.0.1", port: int = 0,
-                 **kwargs: Any) -> None:
-        super().__init__(kv_caches, host, port, protocol=SHM, **kwargs)
