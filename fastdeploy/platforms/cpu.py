@@ -97,6 +97,13 @@ class CpuPlatform(Platform):
 
     _op_backend: OpBackend | None = None
 
+    def get_attn_backend_cls(self) -> str:
+        """Our paged-attention kernels where they were built, else the plain-Paddle implementation."""
+        from fastdeploy import _C
+
+        built = {"fd_paged_attention", "fd_rope_and_cache"} <= _C.load()
+        return CPU_ATTN_BACKEND if built else PADDLE_ATTN_BACKEND
+
     def get_op_backend(self) -> OpBackend:
         """Our kernels where they were built for this CPU (and FD_CPU_KERNELS is not 0), else plain Paddle.
 
@@ -107,7 +114,8 @@ class CpuPlatform(Platform):
             from fastdeploy import _C
 
             built = _C.load()
-            attention = {"fd_paged_attention", "fd_rope_and_cache"} <= built
+            attn_backend_cls = self.get_attn_backend_cls()
+            attention = attn_backend_cls == CPU_ATTN_BACKEND
             isa = "avx512" if cpu_has_avx512() else "avx2"
             self._op_backend = OpBackend(
                 # linear.cc builds the panel kernel on AVX2 CPUs without bf16 units, oneDNN elsewhere.
@@ -116,7 +124,7 @@ class CpuPlatform(Platform):
                 paddle_fused_rms_norm=_paddle_fused_rms_norm_works(),
                 silu_and_mul="csrc" if "fd_silu_and_mul" in built else "paddle",
                 attention=f"paged-{isa}" if attention else "paddle",
-                attn_backend_cls=CPU_ATTN_BACKEND if attention else PADDLE_ATTN_BACKEND,
+                attn_backend_cls=attn_backend_cls,
                 decoder_layer="fd_decoder_layer" in built,
                 isa=cpu_isa() if built else "",
             )

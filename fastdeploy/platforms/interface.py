@@ -96,11 +96,11 @@ class Platform:
 
     def get_op_backend(self) -> OpBackend:
         """The kernels layers run on this platform (decided once per process)."""
-        return OpBackend()
+        return OpBackend(attn_backend_cls=self.get_attn_backend_cls())
 
     def get_attn_backend_cls(self) -> str:
-        """Dotted path of the attention backend class (the implementation :class:`PagedAttention` builds)."""
-        return self.get_op_backend().attn_backend_cls
+        """Dotted path of the attention implementation :class:`PagedAttention` builds on this platform."""
+        return PADDLE_ATTN_BACKEND
 
     def kv_cache_bytes(self, fd_config: FDConfig) -> int:
         """Bytes the KV cache may take."""
