@@ -9,6 +9,7 @@ from fastdeploy.model_executor.layers.sampler import (
     apply_top_k_top_p,
     gather_logprobs,
     log_softmax,
+    seen_token_counts,
 )
 
 V = 50
@@ -59,14 +60,16 @@ def test_penalties_follow_vllm_semantics():
     x = np.zeros((1, V), np.float32)
     x[0, 1] = 2.0
     x[0, 2] = -2.0
+    ids, counts = seen_token_counts(np.array([1]), np.array([2, 2]))
     md = SamplingMetadata(
         temperature=np.zeros(1, np.float32),
         all_greedy=True,
         repetition_penalties=np.array([2.0], np.float32),
         presence_penalties=np.array([0.5], np.float32),
         frequency_penalties=np.array([0.25], np.float32),
-        prompt_token_ids=[np.array([1])],
-        output_token_ids=[[2, 2]],
+        penalty_token_rows=np.zeros(len(ids), np.int64),
+        penalty_token_ids=ids,
+        output_token_counts=counts,
     )
     out = Sampler.apply_logits_processors(x.copy(), md)
     assert out[0, 1] == pytest.approx(1.0)  # prompt token: positive logit divided
@@ -78,11 +81,10 @@ def test_logit_bias_allowed_bad_words_and_min_tokens():
     md = SamplingMetadata(
         temperature=np.zeros(2, np.float32),
         all_greedy=True,
-        logit_bias={0: {7: 100.0}},
-        allowed_token_ids={1: [4, 5]},
-        bad_words_token_ids={0: [[7]]},
-        min_tokens_block={1: [5]},
-        output_token_ids=[[], []],
+        logit_bias=(np.array([0]), np.array([7]), np.array([100.0], np.float32)),
+        allowed_token_ids=(np.array([1, 1]), np.array([4, 5])),
+        # Row 0's bad word [7] and row 1's stop token 5 under min_tokens.
+        blocked_token_ids=(np.array([0, 1]), np.array([7, 5])),
     )
     out = Sampler()(x, md).sampled_token_ids.tolist()
     assert out[0] != 7 and out[1] == 4
