@@ -322,10 +322,9 @@ def top_k_top_p_candidates(
     if (p < 1.0).any():
         # top-p applies to the distribution left after top-k: the smallest prefix whose mass
         # reaches p (the first token always stays).
-        mass = vals.sum(axis=-1)
-        if total is not None:
-            mass = np.where(use_k, mass, total)
-        cum = np.cumsum(vals, axis=-1) / mass[:, None]
+        cum = np.cumsum(vals, axis=-1)
+        mass = cum[:, -1] if total is None else np.where(use_k, cum[:, -1], total)
+        cum /= mass[:, None]
         cut = np.where(p < 1.0, (cum < p[:, None]).sum(axis=-1) + 1, width)
         vals = np.where(col < cut[:, None], vals, 0)
     return rows, ids, vals
