@@ -16,27 +16,32 @@ from fastdeploy.engine.request import LogprobsLists
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
-from fastdeploy.model_executor.layers.sampler import (
-    LogprobsArrays,
-    Sampler,
-    SamplingMetadata,
-    gather_logprobs,
-    log_softmax,
-)
+from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, gather_logprobs, log_softmax
 from fastdeploy.model_executor.model_loader import get_model
 from fastdeploy.worker.input_batch import CachedRequestState, InputBatch
 from fastdeploy.worker.model_runner_output import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
 logger = init_logger(__name__)
 
-_SAMPLING_EPS = 1e-5
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def _to_lists(arrays: LogprobsArrays, rows: slice = slice(None), width: int | None = None) -> LogprobsLists:
-    """Plain lists of ``rows`` of the arrays, keeping the chosen token and the first ``width - 1`` top tokens."""
-    return LogprobsLists(arrays.token_ids[rows, :width].tolist(), arrays.logprobs[rows, :width].tolist(),
-                         arrays.ranks[rows].tolist())
+def _split_logprobs(
+    arrays: LogprobsArrays, req_ids: list[str], ends: np.ndarray, num_logprobs: np.ndarray, vocab_size: int
+) -> dict[str, LogprobsLists]:
+    """Per request, its run of rows (ending at ``ends[i]``) as plain lists, with the chosen token and its top-k.
+
+    The arrays hold the largest k of the step; each request keeps its own ``num_logprobs`` of them.
+    One list per request is what the scheduler consumes, so this is the one loop over requests.
+    """
+    widths = (np.minimum(num_logprobs, vocab_size) + 1).tolist()
+    starts = (ends - np.diff(ends, prepend=0)).tolist()
+    return {
+        req_id: LogprobsLists(
+            arrays.token_ids[a:b, :w].tolist(), arrays.logprobs[a:b, :w].tolist(), arrays.ranks[a:b].tolist()
+        )
+        for req_id, a, b, w in zip(req_ids, starts, ends.tolist(), widths, strict=True)
+    }
 
 
 class ModelRunner:
@@ -54,7 +59,9 @@ class ModelRunner:
         self.sampler = Sampler()
         self.model = None
         self.kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]] = []
-        self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len, -(-self.max_model_len // self.block_size))
+        self.input_batch = InputBatch(
+            self.max_num_reqs, self.max_model_len, -(-self.max_model_len // self.block_size), self.vocab_size
+        )
         self._seed = mc.seed
 
     # ---- set-up ------------------------------------------------------------------------
@@ -104,14 +111,18 @@ class ModelRunner:
                     new.req_id, sp, new.num_prompt_tokens, new.eos_token_id, gen, new.bad_words_token_ids
                 )
                 self.requests[new.req_id] = state
-            state.output_token_ids = list(new.token_ids[new.num_prompt_tokens :])
+            # Outputs generated before a preemption come back in token_ids; the row rebuilds its
+            # penalty counts from them.
             batch.add_request(
                 new.req_id,
                 new.token_ids,
                 new.num_prompt_tokens,
                 new.num_computed_tokens,
                 new.block_ids,
-                new.sampling_params,
+                state.sampling_params,
+                eos_token_id=state.eos_token_id,
+                generator=state.generator,
+                bad_words_token_ids=state.bad_words_token_ids,
             )
         for cached in so.scheduled_cached_reqs:
             row = batch.req_id_to_index[cached.req_id]
@@ -128,10 +139,16 @@ class ModelRunner:
         batch = self.input_batch
         bs = self.block_size
 
-        # Decodes (one token) first, then prefill chunks.
-        req_ids = sorted(so.num_scheduled_tokens, key=lambda r: so.num_scheduled_tokens[r] != 1)
-        rows = np.fromiter((batch.req_id_to_index[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
-        n = np.fromiter((so.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        # Decodes (one token) first, then prefill chunks (a stable order, as sorted() would give).
+        num_sched = so.num_scheduled_tokens
+        req_ids = list(num_sched)
+        n = np.fromiter(num_sched.values(), dtype=np.int64, count=len(req_ids))
+        rows = np.fromiter(map(batch.req_id_to_index.__getitem__, req_ids), dtype=np.int64, count=len(req_ids))
+        is_prefill = n != 1
+        if (is_prefill[:-1] & ~is_prefill[1:]).any():  # some prefill is scheduled before a decode
+            order = np.argsort(is_prefill, kind="stable")
+            req_ids = [req_ids[i] for i in order.tolist()]
+            n, rows = n[order], rows[order]
         computed = batch.num_computed_tokens[rows]
         cu_end = np.cumsum(n)
         starts = cu_end - n
@@ -149,93 +166,60 @@ class ModelRunner:
         self._prompt_logprobs(req_ids, rows, computed, n, starts, hidden, out)
         if not sample_mask.any():
             return out
-        s_idx = np.nonzero(sample_mask)[0]
-        s_req_ids = [req_ids[i] for i in s_idx]
+        s_idx = np.flatnonzero(sample_mask)
+        s_req_ids = req_ids if len(s_idx) == len(req_ids) else [req_ids[i] for i in s_idx.tolist()]
         s_rows = rows[s_idx]
         last_rows = cu_end[s_idx] - 1
         # A decode-only step samples every row in order: no gather needed.
         if len(last_rows) != len(hidden) or last_rows[-1] != len(last_rows) - 1:
             hidden = paddle.gather(hidden, paddle.to_tensor(last_rows))
         logits = self.model.compute_logits(hidden).numpy()
-        md = self._sampling_metadata(s_req_ids, s_rows)
+        md = batch.make_sampling_metadata(s_rows)
         # Structured outputs: the scheduler's grammar bitmask, reordered to this step's sampled rows.
         md.grammar_bitmask, md.grammar_rows = so.grammar_rows(s_req_ids)
-        result = self.sampler(logits, md)
+        # The logits array is this step's own: the sampler may overwrite it instead of copying.
+        result = self.sampler(logits, md, inplace=True)
         sampled = result.sampled_token_ids
-        pos = batch.num_tokens[s_rows]
-        fits = pos < self.max_model_len
-        batch.token_ids[s_rows[fits], pos[fits]] = sampled[fits]
-        batch.num_tokens[s_rows] = pos + 1
-        for req_id, tok in zip(s_req_ids, sampled.tolist(), strict=True):
-            self.requests[req_id].output_token_ids.append(tok)
-            out.sampled_token_ids[req_id] = [tok]
+        batch.append_sampled(s_rows, sampled)
+        out.sampled_token_ids = dict(zip(s_req_ids, sampled[:, None].tolist(), strict=True))
         if result.logprobs is not None:
+            k = batch.num_logprobs[s_rows]
+            with_lp = np.flatnonzero(k >= 0)
             lp = result.logprobs
-            for j, req_id in enumerate(s_req_ids):
-                k = self.requests[req_id].sampling_params.logprobs
-                if k is None:
-                    continue
-                width = lp.token_ids.shape[1] if k == -1 else min(k, self.vocab_size) + 1
-                out.logprobs[req_id] = _to_lists(lp, slice(j, j + 1), width)
+            if len(with_lp) < len(k):
+                lp = LogprobsArrays(lp.token_ids[with_lp], lp.logprobs[with_lp], lp.ranks[with_lp])
+            out.logprobs = _split_logprobs(
+                lp, [s_req_ids[j] for j in with_lp.tolist()], np.arange(1, len(with_lp) + 1), k[with_lp],
+                self.vocab_size,
+            )
         return out
 
-    def _sampling_metadata(self, req_ids: list[str], rows: np.ndarray) -> SamplingMetadata:
-        b = self.input_batch
-        temperature = b.temperature[rows]
-        md = SamplingMetadata(temperature=temperature, all_greedy=bool((temperature < _SAMPLING_EPS).all()))
-        if not md.all_greedy:
-            if (b.top_p[rows] < 1.0).any():
-                md.top_p = b.top_p[rows]
-            if (b.top_k[rows] > 0).any():
-                md.top_k = b.top_k[rows]
-            if (b.min_p[rows] > 0).any():
-                md.min_p = b.min_p[rows]
-        penalized = (
-            (b.repetition_penalty[rows] != 1.0) | (b.presence_penalty[rows] != 0) | (b.frequency_penalty[rows] != 0)
-        )
-        states = [self.requests[r] for r in req_ids]
-        if penalized.any():
-            md.repetition_penalties = b.repetition_penalty[rows]
-            md.presence_penalties = b.presence_penalty[rows]
-            md.frequency_penalties = b.frequency_penalty[rows]
-            md.prompt_token_ids = [b.token_ids[row, : b.num_prompt_tokens[row]] for row in rows]
-        max_lp: int | None = None
-        for j, st in enumerate(states):
-            sp = st.sampling_params
-            if st.generator is not None and sp.temperature >= _SAMPLING_EPS:
-                md.generators[j] = st.generator
-            if sp.logprobs is not None:
-                max_lp = -1 if sp.logprobs == -1 or max_lp == -1 else max(max_lp or 0, sp.logprobs)
-            if sp.logit_bias:
-                md.logit_bias[j] = sp.logit_bias
-            if sp.allowed_token_ids:
-                md.allowed_token_ids[j] = list(sp.allowed_token_ids)
-            if st.bad_words_token_ids:
-                md.bad_words_token_ids[j] = st.bad_words_token_ids
-            if sp.min_tokens and len(st.output_token_ids) < sp.min_tokens:
-                # vLLM masks every stop id and EOS here, even with ignore_eos.
-                stop_ids = set(sp.all_stop_token_ids) | set(sp.stop_token_ids or ())
-                if st.eos_token_id is not None:
-                    stop_ids.add(st.eos_token_id)
-                if stop_ids:
-                    md.min_tokens_block[j] = sorted(stop_ids)
-        if penalized.any() or md.bad_words_token_ids:
-            md.output_token_ids = [st.output_token_ids for st in states]
-        md.max_num_logprobs = max_lp
-        return md
-
-    def _prompt_logprobs(self, req_ids, rows, computed, n, starts, hidden, out: ModelRunnerOutput) -> None:
-        """Logprobs of the prompt tokens this chunk predicts (token i+1 from position i)."""
+    def _prompt_logprobs(
+        self,
+        req_ids: list[str],
+        rows: np.ndarray,
+        computed: np.ndarray,
+        n: np.ndarray,
+        starts: np.ndarray,
+        hidden: paddle.Tensor,
+        out: ModelRunnerOutput,
+    ) -> None:
+        """Logprobs of the prompt tokens this chunk predicts (token i+1 from position i), all requests in one call."""
         batch = self.input_batch
-        for i, req_id in enumerate(req_ids):
-            k = self.requests[req_id].sampling_params.prompt_logprobs
-            if k is None:
-                continue
-            row = rows[i]
-            first, end = int(computed[i]), min(int(computed[i] + n[i]), int(batch.num_prompt_tokens[row]) - 1)
-            if end <= first:
-                continue
-            idx = np.arange(int(starts[i]), int(starts[i]) + end - first)
-            logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(idx))).numpy()
-            targets = batch.token_ids[row, first + 1 : end + 1]
-            out.prompt_logprobs[req_id] = _to_lists(gather_logprobs(log_softmax(logits), targets, k))
+        k = batch.num_prompt_logprobs[rows]
+        if (k < 0).all():
+            return
+        first = computed
+        end = np.minimum(computed + n, batch.num_prompt_tokens[rows] - 1)
+        count = np.where(k >= 0, np.maximum(end - first, 0), 0)
+        sel = np.flatnonzero(count)
+        if not len(sel):
+            return
+        count = count[sel]
+        ends = np.cumsum(count)
+        offset = np.arange(int(ends[-1])) - np.repeat(ends - count, count)
+        hidden_rows = np.repeat(starts[sel], count) + offset
+        targets = batch.token_ids[np.repeat(rows[sel], count), np.repeat(first[sel], count) + 1 + offset]
+        logits = self.model.compute_logits(paddle.gather(hidden, paddle.to_tensor(hidden_rows))).numpy()
+        lp = gather_logprobs(log_softmax(logits), targets, int(k[sel].max()))
+        out.prompt_logprobs = _split_logprobs(lp, [req_ids[i] for i in sel.tolist()], ends, k[sel], self.vocab_size)

@@ -8,7 +8,9 @@ from fastdeploy.model_executor.layers.sampler import (
     SamplingMetadata,
     apply_top_k_top_p,
     gather_logprobs,
+    inverse_cdf_sample,
     log_softmax,
+    seen_token_counts,
 )
 
 V = 50
@@ -59,14 +61,16 @@ def test_penalties_follow_vllm_semantics():
     x = np.zeros((1, V), np.float32)
     x[0, 1] = 2.0
     x[0, 2] = -2.0
+    ids, counts = seen_token_counts(np.array([1]), np.array([2, 2]))
     md = SamplingMetadata(
         temperature=np.zeros(1, np.float32),
         all_greedy=True,
         repetition_penalties=np.array([2.0], np.float32),
         presence_penalties=np.array([0.5], np.float32),
         frequency_penalties=np.array([0.25], np.float32),
-        prompt_token_ids=[np.array([1])],
-        output_token_ids=[[2, 2]],
+        penalty_token_rows=np.zeros(len(ids), np.int64),
+        penalty_token_ids=ids,
+        output_token_counts=counts,
     )
     out = Sampler.apply_logits_processors(x.copy(), md)
     assert out[0, 1] == pytest.approx(1.0)  # prompt token: positive logit divided
@@ -78,11 +82,10 @@ def test_logit_bias_allowed_bad_words_and_min_tokens():
     md = SamplingMetadata(
         temperature=np.zeros(2, np.float32),
         all_greedy=True,
-        logit_bias={0: {7: 100.0}},
-        allowed_token_ids={1: [4, 5]},
-        bad_words_token_ids={0: [[7]]},
-        min_tokens_block={1: [5]},
-        output_token_ids=[[], []],
+        logit_bias=(np.array([0]), np.array([7]), np.array([100.0], np.float32)),
+        allowed_token_ids=(np.array([1, 1]), np.array([4, 5])),
+        # Row 0's bad word [7] and row 1's stop token 5 under min_tokens.
+        blocked_token_ids=(np.array([0, 1]), np.array([7, 5])),
     )
     out = Sampler()(x, md).sampled_token_ids.tolist()
     assert out[0] != 7 and out[1] == 4
@@ -99,3 +102,140 @@ def test_logprobs_rank_and_topk_include_chosen():
     assert np.allclose(np.exp(lp).sum(-1), 1.0, atol=1e-5)
     full = gather_logprobs(lp, chosen, -1)
     assert full.token_ids.shape == (2, V + 1)
+
+
+# ---- the vectorized paths against straightforward per-row references -----------------------
+def reference_processors(x, allowed, blocked, bias, penalties):
+    """Per row, as a plain loop: allowed ids, blocked ids, logit bias, then penalties."""
+    x = x.copy()
+    for r in range(len(x)):
+        if r in allowed:
+            keep = x[r, allowed[r]].copy()
+            x[r] = -np.inf
+            x[r, allowed[r]] = keep
+        x[r, blocked.get(r, [])] = -np.inf
+        for tok, b in bias.get(r, {}).items():
+            x[r, tok] += np.float32(b)
+        if r in penalties:
+            rep, pres, freq, prompt, output = penalties[r]
+            counts = np.bincount(np.asarray(output, dtype=np.int64), minlength=x.shape[1])
+            seen = counts > 0
+            seen[prompt] = True
+            x[r] = np.where(seen, np.where(x[r] > 0, x[r] / rep, x[r] * rep), x[r])
+            x[r] -= freq * counts.astype(np.float32)
+            x[r] -= pres * (counts > 0)
+    return x
+
+
+def flat(per_row, with_values=False):
+    rows = np.array([r for r, ids in per_row.items() for _ in ids], dtype=np.int64)
+    ids = np.array([t for ids in per_row.values() for t in ids], dtype=np.int64)
+    if not with_values:
+        return rows, ids
+    return rows, ids, np.array([v for d in per_row.values() for v in d.values()], dtype=np.float32)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_processors_match_per_row_reference(seed):
+    rng = np.random.default_rng(seed)
+    s, vocab = 12, 300
+    x = (rng.standard_normal((s, vocab)) * 3).astype(np.float32)
+    allowed = {int(r): rng.choice(vocab, 20).tolist() for r in rng.choice(s, 3, replace=False)}
+    blocked = {int(r): np.unique(rng.choice(vocab, 5)).tolist() for r in rng.choice(s, 4, replace=False)}
+    bias = {int(r): {int(t): float(rng.uniform(-5, 5)) for t in rng.choice(vocab, 30, replace=False)}
+            for r in rng.choice(s, 5, replace=False)}
+    penalties = {}
+    rep, pres, freq = np.ones(s, np.float32), np.zeros(s, np.float32), np.zeros(s, np.float32)
+    entries = ([], [], [])
+    for r in rng.choice(s, 7, replace=False).tolist():
+        rep[r], pres[r], freq[r] = rng.uniform(0.5, 2.0), rng.uniform(-1, 1), rng.uniform(-1, 1)
+        prompt, output = rng.integers(0, vocab, 40), rng.integers(0, vocab // 4, rng.integers(0, 60))
+        penalties[r] = (rep[r], pres[r], freq[r], prompt, output)
+        ids, counts = seen_token_counts(prompt, output)
+        entries[0].append(np.full(len(ids), r))
+        entries[1].append(ids)
+        entries[2].append(counts)
+    md = SamplingMetadata(
+        temperature=np.zeros(s, np.float32), all_greedy=True,
+        repetition_penalties=rep, presence_penalties=pres, frequency_penalties=freq,
+        penalty_token_rows=np.concatenate(entries[0]), penalty_token_ids=np.concatenate(entries[1]),
+        output_token_counts=np.concatenate(entries[2]),
+        logit_bias=flat(bias, with_values=True), allowed_token_ids=flat(allowed), blocked_token_ids=flat(blocked),
+    )
+    expected = reference_processors(x, allowed, blocked, bias, penalties)
+    np.testing.assert_array_equal(Sampler.apply_logits_processors(x.copy(), md), expected)
+    assert Sampler()(x, md).sampled_token_ids.tolist() == expected.argmax(-1).tolist()
+
+
+def reference_top_k_top_p(probs, top_k, top_p):
+    out = np.zeros_like(probs)
+    for r, row in enumerate(probs):
+        k, p = int(top_k[r]), float(top_p[r])
+        use_k = 0 < k < len(row)
+        cand = np.argsort(-row, kind="stable")[: k if use_k else len(row)]
+        vals = row[cand]
+        if p < 1.0:
+            cum = np.cumsum(vals)
+            cum /= cum[-1] if use_k else row.sum()
+            cand = cand[: int(np.searchsorted(cum, np.float32(p))) + 1]
+        out[r, cand] = row[cand]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_top_k_top_p_match_per_row_reference(seed):
+    rng = np.random.default_rng(seed)
+    s, vocab = 24, 5000
+    # Peaked rows, flat rows (top-p needs most of the vocabulary: the exact fallback), rows with ties
+    # and zeros (min_p), as the sampler hands them over: unnormalised, maximum 1.
+    scale = rng.choice([0.1, 1.0, 4.0], s)[:, None]
+    probs = np.exp(rng.standard_normal((s, vocab)) * scale).astype(np.float32)
+    probs[::5, ::7] = probs[::5, :1]
+    probs[1::4] *= probs[1::4] >= np.quantile(probs[1::4], 0.9, axis=-1, keepdims=True)
+    probs /= probs.max(-1, keepdims=True)
+    top_k = rng.choice([0, 1, 5, 50, 700, vocab], s)
+    top_p = rng.choice([1.0, 0.5, 0.9, 0.99], s).astype(np.float32)
+    np.testing.assert_array_equal(apply_top_k_top_p(probs, top_k, top_p), reference_top_k_top_p(probs, top_k, top_p))
+
+
+def test_inverse_cdf_sample_matches_searchsorted_and_skips_zero_weights():
+    rng = np.random.default_rng(0)
+    weights = rng.random((64, 3000)).astype(np.float32) * (rng.random((64, 3000)) < 0.3)
+    uniform = rng.random(64)
+    cum = np.cumsum(weights, axis=-1, dtype=np.float64)
+    expected = [int(np.searchsorted(cum[r], uniform[r] * cum[r, -1], side="right")) for r in range(64)]
+    got = inverse_cdf_sample(weights, uniform)
+    assert got.tolist() == expected
+    assert (weights[np.arange(64), got] > 0).all()
+    # The extremes of the uniform still land on positive weights.
+    for u in (0.0, np.nextafter(1.0, 0.0)):
+        picked = inverse_cdf_sample(weights, np.full(64, u))
+        assert (weights[np.arange(64), picked] > 0).all()
+
+
+def test_sampling_frequencies_follow_the_kept_distribution():
+    x = np.log(np.array([[0.5, 0.3, 0.15, 0.05] + [1e-9] * 60], np.float32))
+    md = SamplingMetadata(temperature=np.ones(1, np.float32), all_greedy=False, top_p=np.array([0.9], np.float32))
+    sampler = Sampler()
+    draws = np.array([sampler(x, md).sampled_token_ids[0] for _ in range(4000)])
+    assert set(draws.tolist()) <= {0, 1, 2}
+    freq = np.bincount(draws, minlength=3)[:3] / len(draws)
+    np.testing.assert_allclose(freq, np.array([0.5, 0.3, 0.15]) / 0.95, atol=0.03)
+
+
+def test_seeded_row_does_not_depend_on_other_rows_settings():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, V)).astype(np.float32)
+
+    def run(rows, top_k, top_p, min_p):
+        md = SamplingMetadata(
+            temperature=np.ones(len(rows), np.float32), all_greedy=False,
+            top_k=np.array(top_k), top_p=np.array(top_p, np.float32), min_p=np.array(min_p, np.float32),
+            generators={len(rows) - 1: np.random.default_rng(11)},
+        )
+        return [int(Sampler()(x[rows], md).sampled_token_ids[-1]) for _ in range(1)][0]
+
+    for own in ((0, 1.0, 0.0), (10, 0.8, 0.1)):
+        alone = run([3], [own[0]], [own[1]], [own[2]])
+        mixed = run([0, 1, 3], [5, 0, own[0]], [0.5, 1.0, own[1]], [0.2, 0.0, own[2]])
+        assert alone == mixed

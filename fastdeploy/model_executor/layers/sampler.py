@@ -1,11 +1,19 @@
 """Token sampling for a whole batch at once.
 
-The order follows vLLM: logprobs are taken from the raw logits; then allowed
-tokens, bad words, logit bias, min_tokens and penalties shape the logits;
-greedy rows take the argmax; random rows apply temperature, min_p, top-k and
-top-p and draw with the exponential-race trick (argmax of p / q, q ~ Exp(1)),
-with per-request generators for seeded requests so a seeded request samples
-the same tokens whatever else is in the batch.
+The order follows vLLM: logprobs are taken from the raw logits (after the
+grammar bitmask); then allowed tokens, blocked tokens (bad words, stop tokens
+under min_tokens), logit bias and penalties shape the logits; greedy rows take
+the argmax; random rows apply temperature, min_p, top-k and top-p and draw by
+inverse CDF with one uniform per row, taken from the request's own generator
+when it is seeded, so a seeded request samples the same tokens whatever else
+is in the batch.
+
+Every step is a batched numpy operation over the rows: the per-request
+settings arrive as flat ``(rows, token ids[, values])`` arrays built by the
+persistent :class:`~fastdeploy.worker.input_batch.InputBatch`, penalties touch
+only the (row, token) pairs a row has seen, and top-k / top-p work on a few
+hundred candidates per row found by a threshold rather than on a sort of the
+whole vocabulary.
 """
 
 from __future__ import annotations
@@ -17,34 +25,51 @@ from dataclasses import dataclass, field
 import numpy as np
 
 _SAMPLING_EPS = 1e-5
-# Top-p first looks at this many best tokens; only when they hold less than top_p
-# of the mass does it fall back to sorting the whole vocabulary.
+# Top-p without top-k first looks at about this many best tokens; only when they hold less than
+# top_p of the mass does it fall back to every token of the row.
 _TOP_P_CANDIDATES = 1024
+# The candidate threshold comes from every _STRIDE-th token of a row: the j-th largest of that
+# sample has about _STRIDE * j tokens above it in the row, so the threshold costs 1/_STRIDE of a
+# full selection. A row whose threshold keeps too few tokens is redone exactly.
+_STRIDE = 16
+_STRIDE_MARGIN = 8
+# Inverse-CDF sampling first picks a block of this many tokens, then the token inside it, so a
+# row costs one pass (the block sums) instead of a full-vocabulary cumulative sum.
+_CDF_BLOCK = 256
+_SMALLEST_POSITIVE = np.nextafter(np.float32(0), np.float32(1))
 
 
 @dataclass
 class SamplingMetadata:
-    """Per-row sampling settings of the rows sampled this step (row = one request)."""
+    """Sampling settings of the rows sampled this step (row = one request), as batched arrays.
+
+    Sparse per-row settings come flattened: ``rows[i]`` is the batch row of entry ``i``.
+    """
 
     temperature: np.ndarray  # [S] float32; < eps means greedy
     all_greedy: bool
     top_p: np.ndarray | None = None  # [S] float32, 1.0 = off
     top_k: np.ndarray | None = None  # [S] int64, 0 = off
     min_p: np.ndarray | None = None  # [S] float32, 0 = off
+    # Row -> the request's own generator (seeded requests only).
     generators: dict[int, np.random.Generator] = field(default_factory=dict)
-    # None: no logprobs this step; -1: the whole vocabulary.
+    # None: no logprobs this step; -1 or >= vocab: the whole vocabulary.
     max_num_logprobs: int | None = None
-    # Penalties: rows listed here only.
+    # Penalties [S] (None: no row is penalised) and, for the penalised rows, every (row, token)
+    # pair the row has seen in its prompt or output with how often it generated it (0 = prompt only).
     presence_penalties: np.ndarray | None = None
     frequency_penalties: np.ndarray | None = None
     repetition_penalties: np.ndarray | None = None
-    prompt_token_ids: list[np.ndarray] | None = None
-    output_token_ids: list[list[int]] | None = None
-    # row -> token ids that may not be sampled yet (stop tokens under min_tokens).
-    min_tokens_block: dict[int, list[int]] = field(default_factory=dict)
-    logit_bias: dict[int, dict[int, float]] = field(default_factory=dict)
-    allowed_token_ids: dict[int, list[int]] = field(default_factory=dict)
-    bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)
+    penalty_token_rows: np.ndarray | None = None  # [N] int64
+    penalty_token_ids: np.ndarray | None = None  # [N] int64
+    output_token_counts: np.ndarray | None = None  # [N] int32
+    # (rows, token ids, bias) added to the logits.
+    logit_bias: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    # (rows, token ids): only these tokens may be sampled in those rows.
+    allowed_token_ids: tuple[np.ndarray, np.ndarray] | None = None
+    # (rows, token ids) that may not be sampled this step: bad words whose prefix the output ends
+    # with, and stop tokens while a request has fewer than min_tokens outputs.
+    blocked_token_ids: tuple[np.ndarray, np.ndarray] | None = None
     # Structured outputs: allowed-token bitmask rows [m, ceil(vocab / 32)] int32 (xgrammar's
     # layout, bit i of word j = token 32 * j + i) and the sampled row each one applies to.
     grammar_bitmask: np.ndarray | None = None
@@ -62,13 +87,17 @@ class LogprobsArrays:
 
 @dataclass
 class SamplerOutput:
+    """The sampled token of each row and, when asked for, their logprobs."""
+
     sampled_token_ids: np.ndarray  # [S] int64
     logprobs: LogprobsArrays | None
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    """Row-wise log-softmax of ``[S, V]`` logits into a new array."""
+    out = logits - logits.max(axis=-1, keepdims=True)
+    out -= np.log(np.exp(out).sum(axis=-1, keepdims=True))
+    return out
 
 
 def gather_logprobs(logprobs: np.ndarray, token_ids: np.ndarray, num_logprobs: int) -> LogprobsArrays:
@@ -100,58 +129,78 @@ class Sampler:
     def __init__(self) -> None:
         self._rng = np.random.default_rng()
 
-    def __call__(self, logits: np.ndarray, md: SamplingMetadata) -> SamplerOutput:
+    def __call__(self, logits: np.ndarray, md: SamplingMetadata, *, inplace: bool = False) -> SamplerOutput:
+        """Sample every row; ``inplace=True`` lets the sampler use ``logits`` as its scratch buffer."""
+        if not inplace:
+            logits = logits.copy()
         if md.grammar_bitmask is not None:
             # Before the logprobs, as in vLLM: a constrained request's logprobs are those of the
             # distribution it actually samples from.
-            logits = logits.copy()
             apply_token_bitmask(logits, md.grammar_bitmask, md.grammar_rows)
         raw_logprobs = log_softmax(logits) if md.max_num_logprobs is not None else None
-        logits = self.apply_logits_processors(logits.copy(), md)
-        greedy = logits.argmax(axis=-1)
+        self.apply_logits_processors(logits, md)
         if md.all_greedy:
-            sampled = greedy
+            sampled = logits.argmax(axis=-1)
         else:
-            sampled = np.where(md.temperature < _SAMPLING_EPS, greedy, self.sample_random(logits, md))
-        sampled = sampled.astype(np.int64)
+            random_rows = np.flatnonzero(md.temperature >= _SAMPLING_EPS)
+            sampled = (
+                np.empty(len(logits), dtype=np.int64)
+                if len(random_rows) == len(logits)
+                else logits.argmax(axis=-1)  # greedy rows, before the random path reuses the buffer
+            )
+            sampled[random_rows] = self.sample_random(logits, md, random_rows)
+        sampled = sampled.astype(np.int64, copy=False)
         lp = None if raw_logprobs is None else gather_logprobs(raw_logprobs, sampled, md.max_num_logprobs)
         return SamplerOutput(sampled, lp)
 
     @staticmethod
     def apply_logits_processors(logits: np.ndarray, md: SamplingMetadata) -> np.ndarray:
-        for row, allowed in md.allowed_token_ids.items():
-            keep = logits[row, allowed].copy()
-            logits[row] = -np.inf
-            logits[row, allowed] = keep
-        for row, words in md.bad_words_token_ids.items():
-            past = md.output_token_ids[row] if md.output_token_ids is not None else []
-            for word in words:
-                prefix = word[:-1]
-                if not prefix or (len(past) >= len(prefix) and list(past[-len(prefix) :]) == prefix):
-                    logits[row, word[-1]] = -np.inf
-        for row, bias in md.logit_bias.items():
-            ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
-            logits[row, ids] += np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
-        for row, stop_ids in md.min_tokens_block.items():
-            logits[row, stop_ids] = -np.inf
+        """Allowed tokens, blocked tokens, logit bias and penalties, in place; returns ``logits``."""
+        if md.allowed_token_ids is not None:
+            rows, ids = md.allowed_token_ids
+            keep = logits[rows, ids]
+            logits[np.unique(rows)] = -np.inf
+            logits[rows, ids] = keep
+        if md.blocked_token_ids is not None:
+            rows, ids = md.blocked_token_ids
+            logits[rows, ids] = -np.inf
+        if md.logit_bias is not None:
+            rows, ids, bias = md.logit_bias
+            logits[rows, ids] += bias  # ids are unique within a row, so no update is lost
         if md.repetition_penalties is not None:
             apply_penalties(logits, md)
         return logits
 
-    def sample_random(self, logits: np.ndarray, md: SamplingMetadata) -> np.ndarray:
-        temp = np.where(md.temperature < _SAMPLING_EPS, 1.0, md.temperature).astype(np.float32)
-        logits = logits / temp[:, None]
-        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs /= probs.sum(axis=-1, keepdims=True)
+    def sample_random(self, logits: np.ndarray, md: SamplingMetadata, rows: np.ndarray) -> np.ndarray:
+        """Tokens for ``rows`` (the random rows, ascending), reusing ``logits`` as scratch space."""
+        probs = logits if len(rows) == len(logits) else logits[rows]
+        # Unnormalised probabilities exp((l - max) / t): the row maximum is 1, which makes min_p a
+        # plain threshold, and nothing downstream needs them normalised.
+        probs -= probs.max(axis=-1, keepdims=True)
+        probs *= (1.0 / md.temperature[rows]).astype(np.float32)[:, None]
+        np.exp(probs, out=probs)
         if md.min_p is not None:
-            threshold = probs.max(axis=-1, keepdims=True) * md.min_p[:, None]
-            probs = np.where(probs < threshold, 0.0, probs)
+            np.putmask(probs, probs < md.min_p[rows, None], 0.0)
+        uniform = self._rng.random(len(rows))
+        for pos, gen in md.generators.items():
+            local = np.searchsorted(rows, pos)
+            if local < len(rows) and rows[local] == pos:
+                uniform[local] = gen.random()
+        out = np.empty(len(rows), dtype=np.int64)
+        full = np.ones(len(rows), dtype=bool)
         if md.top_k is not None or md.top_p is not None:
-            probs = apply_top_k_top_p(probs, md.top_k, md.top_p)
-        q = self._rng.exponential(size=probs.shape).astype(np.float32)
-        for row, gen in md.generators.items():
-            q[row] = gen.exponential(size=probs.shape[-1])
-        return (probs / q).argmax(axis=-1)
+            top_k = None if md.top_k is None else md.top_k[rows]
+            top_p = None if md.top_p is None else md.top_p[rows]
+            trunc, cand_ids, cand_probs = top_k_top_p_candidates(probs, top_k, top_p)
+            if len(trunc):
+                picked = inverse_cdf_sample(cand_probs, uniform[trunc])
+                out[trunc] = cand_ids[np.arange(len(trunc)), picked]
+                full[trunc] = False
+        if full.all():
+            out[:] = inverse_cdf_sample(probs, uniform)
+        elif full.any():
+            out[full] = inverse_cdf_sample(probs[full], uniform[full])
+        return out
 
 
 @functools.cache
@@ -193,53 +242,156 @@ def apply_token_bitmask(logits: np.ndarray, bitmask: np.ndarray, rows: np.ndarra
     logits[rows] = np.where(allowed, logits[rows], -np.inf)
 
 
+def seen_token_counts(prompt_token_ids: np.ndarray, output_token_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct tokens of a prompt and its outputs, ascending, with how often each was generated."""
+    out_ids, out_counts = np.unique(np.asarray(output_token_ids, dtype=np.int64), return_counts=True)
+    ids = np.union1d(np.asarray(prompt_token_ids, dtype=np.int64), out_ids)
+    counts = np.zeros(len(ids), dtype=np.int32)
+    counts[np.searchsorted(ids, out_ids)] = out_counts
+    return ids, counts
+
+
 def apply_penalties(logits: np.ndarray, md: SamplingMetadata) -> None:
-    """Repetition (prompt + output), frequency and presence (output) penalties, in place."""
-    vocab = logits.shape[-1]
-    for row in range(logits.shape[0]):
-        rep = md.repetition_penalties[row]
-        pres = md.presence_penalties[row]
-        freq = md.frequency_penalties[row]
-        if rep == 1.0 and pres == 0.0 and freq == 0.0:
-            continue
-        out_counts = np.bincount(np.asarray(md.output_token_ids[row], dtype=np.int64), minlength=vocab)[:vocab]
-        if rep != 1.0:
-            seen = out_counts > 0
-            seen[md.prompt_token_ids[row]] = True
-            row_logits = logits[row]
-            logits[row] = np.where(seen, np.where(row_logits > 0, row_logits / rep, row_logits * rep), row_logits)
-        if freq != 0.0:
-            logits[row] -= freq * out_counts
-        if pres != 0.0:
-            logits[row] -= pres * (out_counts > 0)
+    """Repetition (prompt + output), frequency and presence (output) penalties, in place.
+
+    Only the (row, token) pairs a row has seen change, so the cost is the number of distinct seen
+    tokens, not rows x vocabulary.
+    """
+    rows, ids, counts = md.penalty_token_rows, md.penalty_token_ids, md.output_token_counts
+    if rows is None or not len(rows):
+        return
+    vals = logits[rows, ids]
+    rep = md.repetition_penalties[rows]
+    vals = np.where(vals > 0, vals / rep, vals * rep)
+    vals -= md.frequency_penalties[rows] * counts.astype(np.float32)
+    vals -= md.presence_penalties[rows] * (counts > 0)
+    logits[rows, ids] = vals
+
+
+def top_k_top_p_candidates(
+    probs: np.ndarray, top_k: np.ndarray | None, top_p: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The tokens each row keeps under top-k then top-p (as vLLM orders them), best first.
+
+    Args:
+        probs: ``[N, V]`` non-negative, not necessarily normalised.
+        top_k: ``[N]``, 0 or >= V = off. top_p: ``[N]``, 1.0 = off.
+
+    Returns:
+        ``(rows, ids [R, C], kept [R, C])``: the truncated rows, their candidate tokens by
+        decreasing probability (ties: lower id first) and the kept probabilities (0 = dropped).
+        At least one token per row is kept.
+    """
+    n, vocab = probs.shape
+    k = np.zeros(n, dtype=np.int64) if top_k is None else np.asarray(top_k, dtype=np.int64)
+    k = np.where((k > 0) & (k < vocab), k, 0)
+    p = np.ones(n, dtype=np.float32) if top_p is None else np.asarray(top_p, dtype=np.float32)
+    rows = np.flatnonzero((k > 0) | (p < 1.0))
+    if not len(rows):
+        return rows, np.zeros((0, 1), dtype=np.int64), np.zeros((0, 1), dtype=probs.dtype)
+    sub_probs = np.ascontiguousarray(probs if len(rows) == n else probs[rows])
+    k, p = k[rows], p[rows]
+    use_k = k > 0
+    top_p_only = ~use_k & (p < 1.0)
+    total = sub_probs.sum(axis=-1) if top_p_only.any() else None
+    threshold = _candidate_threshold(sub_probs, np.where(use_k, k, min(_TOP_P_CANDIDATES, vocab)))
+    flat, counts, cand_mass = _candidates(sub_probs, threshold)
+    complete = threshold <= _SMALLEST_POSITIVE
+    enough = np.where(use_k, counts >= k, True)
+    if total is not None:
+        # A margin over the mass top-p needs, so that rounding never cuts inside the candidates.
+        enough &= ~top_p_only | (cand_mass >= p * total * (1 + 1e-4))
+    if not (complete | enough).all():
+        threshold = np.where(complete | enough, threshold, _SMALLEST_POSITIVE)
+        flat, counts, cand_mass = _candidates(sub_probs, threshold)
+
+    # Candidates into a [R, C] table, sorted by decreasing probability; the zero padding sorts last.
+    r_f = flat // vocab
+    width = int(counts.max())
+    rank = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    vals = np.zeros((len(rows), width), dtype=probs.dtype)
+    ids[r_f, rank] = flat - r_f * vocab
+    vals[r_f, rank] = sub_probs.ravel()[flat]
+    order = np.argsort(-vals, axis=-1, kind="stable")
+    ids = np.take_along_axis(ids, order, axis=-1)
+    vals = np.take_along_axis(vals, order, axis=-1)
+
+    col = np.arange(width)
+    vals = np.where(col < np.where(use_k, k, width)[:, None], vals, 0)
+    if (p < 1.0).any():
+        # top-p applies to the distribution left after top-k: the smallest prefix whose mass
+        # reaches p (the first token always stays).
+        cum = np.cumsum(vals, axis=-1)
+        mass = cum[:, -1] if total is None else np.where(use_k, cum[:, -1], total)
+        cum /= mass[:, None]
+        cut = np.where(p < 1.0, (cum < p[:, None]).sum(axis=-1) + 1, width)
+        vals = np.where(col < cut[:, None], vals, 0)
+    return rows, ids, vals
+
+
+def _candidate_threshold(probs: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Per row, a value with (very likely) at least ``target`` tokens at or above it, from a strided sample."""
+    sample = probs[:, ::_STRIDE]
+    m = sample.shape[-1]
+    j = np.minimum(-(-target // _STRIDE) + _STRIDE_MARGIN, m)
+    kth = m - j
+    part = np.partition(sample, np.unique(kth), axis=-1)
+    threshold = part[np.arange(len(probs)), kth]
+    # Zero-probability tokens are never candidates; a row with fewer positive tokens keeps them all.
+    return np.maximum(threshold, _SMALLEST_POSITIVE)
+
+
+def _candidates(probs: np.ndarray, threshold: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat indices (row-major) of the tokens at or above each row's threshold, their count and mass per row.
+
+    ``probs`` is C-contiguous, so a flat index addresses ``probs.ravel()`` without a copy.
+    """
+    flat = np.flatnonzero(probs >= threshold[:, None])
+    rows = flat // probs.shape[-1]
+    counts = np.bincount(rows, minlength=len(probs))
+    mass = np.bincount(rows, weights=probs.ravel()[flat], minlength=len(probs))
+    return flat, counts, mass
 
 
 def apply_top_k_top_p(probs: np.ndarray, top_k: np.ndarray | None, top_p: np.ndarray | None) -> np.ndarray:
-    """Zero the probabilities outside each row's top-k and top-p set."""
-    vocab = probs.shape[-1]
-    out = probs
-    for row in range(probs.shape[0]):
-        k = int(top_k[row]) if top_k is not None else 0
-        p = float(top_p[row]) if top_p is not None else 1.0
-        if (k <= 0 or k >= vocab) and p >= 1.0:
-            continue
-        row_probs = probs[row]
-        use_k = 0 < k < vocab
-        n = k if use_k else (min(_TOP_P_CANDIDATES, vocab) if p < 1.0 else vocab)
-        cand = np.argpartition(-row_probs, n - 1)[:n] if n < vocab else np.arange(vocab)
-        cand = cand[np.argsort(-row_probs[cand], kind="stable")]
-        if p < 1.0:
-            # top-p applies to the distribution left after top-k, as in vLLM.
-            total = row_probs[cand].sum() if use_k else row_probs.sum()
-            cum = np.cumsum(row_probs[cand]) / total
-            if not use_k and cum[-1] < p and len(cand) < vocab:
-                cand = np.argsort(-row_probs, kind="stable")
-                cum = np.cumsum(row_probs[cand]) / total
-            # Keep the smallest prefix whose mass reaches p (always at least one token).
-            cand = cand[: int(np.searchsorted(cum, p)) + 1]
-        kept = np.zeros(vocab, dtype=probs.dtype)
-        kept[cand] = row_probs[cand]
-        if out is probs:
-            out = probs.copy()
-        out[row] = kept
+    """Zero the probabilities outside each row's top-k and top-p set (a new array when any row changes)."""
+    rows, ids, kept = top_k_top_p_candidates(probs, top_k, top_p)
+    if not len(rows):
+        return probs
+    out = probs.copy()
+    out[rows] = 0
+    nz = kept > 0
+    out[np.broadcast_to(rows[:, None], ids.shape)[nz], ids[nz]] = kept[nz]
     return out
+
+
+def inverse_cdf_sample(weights: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """Column drawn per row with probability proportional to ``weights`` [n, m], given one U[0, 1) per row.
+
+    Two levels: the block holding the row's quantile, from per-block sums, then the token inside
+    that block; the picked token always has positive weight.
+    """
+    n, m = weights.shape
+    ar = np.arange(n)
+    if m <= 2 * _CDF_BLOCK:
+        cum = np.cumsum(weights, axis=-1, dtype=np.float64)
+        return _first_above(cum, uniform * cum[:, -1], weights)
+    starts = np.arange(0, m, _CDF_BLOCK)
+    block_cum = np.cumsum(np.add.reduceat(weights, starts, axis=-1), axis=-1, dtype=np.float64)
+    target = uniform * block_cum[:, -1]
+    block = np.minimum((block_cum <= target[:, None]).sum(axis=-1), len(starts) - 1)
+    target -= np.where(block > 0, block_cum[ar, block - 1], 0.0)
+    cols = starts[block][:, None] + np.arange(_CDF_BLOCK)
+    inside = cols < m
+    cols = np.minimum(cols, m - 1)
+    block_weights = np.where(inside, weights[ar[:, None], cols], 0)
+    picked = _first_above(np.cumsum(block_weights, axis=-1, dtype=np.float64), target, block_weights)
+    return cols[ar, picked]
+
+
+def _first_above(cum: np.ndarray, target: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """First column whose cumulative weight exceeds ``target``; rounding past the end gives the last positive one."""
+    picked = (cum <= target[:, None]).sum(axis=-1)
+    last_positive = weights.shape[-1] - 1 - np.argmax(weights[:, ::-1] > 0, axis=-1)
+    return np.minimum(picked, last_positive)
