@@ -323,6 +323,7 @@ def init_app_state(engine: AsyncLLM, state: Any, args: argparse.Namespace) -> No
     state.openai_serving_models = models
     state.openai_serving_completion = OpenAIServingCompletion(engine, models, **common)
     parsers = ChatParserConfig.from_names(args.tool_call_parser, args.reasoning_parser, args.enable_auto_tool_choice)
+    parsers.check(engine.tokenizer)
     state.openai_serving_chat = OpenAIServingChat(engine, models, response_role=args.response_role,
                                                   chat_template=chat_template, parser_config=parsers, **common)
     state.openai_serving_tokenization = OpenAIServingTokenization(engine, models, chat_template=chat_template,
