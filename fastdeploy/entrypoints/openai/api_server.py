@@ -35,6 +35,7 @@ from fastdeploy.engine.exceptions import EngineDeadError
 from fastdeploy.entrypoints.openai.chat_parsing import ChatParserConfig
 from fastdeploy.entrypoints.openai.cli_args import create_parser, validate_parsed_serve_args
 from fastdeploy.entrypoints.openai.protocol import (
+    UNION_TAG_PREFIX,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -194,6 +195,8 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
 
 
 # ---- error handlers --------------------------------------------------------------------------
+_NOT_FIELDS = ("function-", UNION_TAG_PREFIX)
+
 async def validation_exception_handler(_: Request, exc: RequestValidationError) -> Response:
     """A malformed body is a 400 BadRequestError (never FastAPI's 422), naming the parameter."""
     messages = []
@@ -202,7 +205,8 @@ async def validation_exception_handler(_: Request, exc: RequestValidationError) 
         cause = (err.get("ctx") or {}).get("error")
         if isinstance(cause, ParamValidationError):
             return to_response(error_response(str(cause), param=cause.parameter))
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        # Union bodies (/tokenize) put the member's tag or validator name ("function-wrap[...]") in loc.
+        loc = [str(p) for p in err.get("loc", ()) if p != "body" and not str(p).startswith(_NOT_FIELDS)]
         if param is None and loc:
             param = loc[0]
         msg = str(err.get("msg", "")).removeprefix("Value error, ")

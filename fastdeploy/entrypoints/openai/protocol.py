@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_serializer, model_validator
 
 from fastdeploy.logger import init_logger
 from fastdeploy.sampling_params import ParamValidationError, RequestOutputKind, SamplingParams, StructuredOutputsParams
@@ -21,6 +21,8 @@ logger = init_logger(__name__)
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _ignored_fields_logged: set[str] = set()
+# Tags of the union request bodies: they appear in validation errors' locations, which the server drops.
+UNION_TAG_PREFIX = "union:"
 
 
 def random_uuid() -> str:
@@ -328,7 +330,8 @@ class ChatCompletionMessageParam(OpenAIBaseModel):
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
-    messages: list[ChatCompletionMessageParam]
+    # At least one message, as OpenAI requires: templates index messages[0].
+    messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
     logprobs: bool | None = False
     top_logprobs: int | None = 0
     max_tokens: int | None = None
@@ -472,7 +475,8 @@ class TokenizeCompletionRequest(OpenAIBaseModel):
 
 class TokenizeChatRequest(OpenAIBaseModel):
     model: str | None = None
-    messages: list[ChatCompletionMessageParam]
+    # At least one message, as OpenAI requires: templates index messages[0].
+    messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
@@ -482,7 +486,17 @@ class TokenizeChatRequest(OpenAIBaseModel):
     tools: list[dict[str, Any]] | None = None
 
 
-TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
+def _tokenize_kind(body: Any) -> str:
+    return UNION_TAG_PREFIX + ("chat" if isinstance(body, dict) and "messages" in body else "completion")
+
+
+# A body with ``messages`` is a chat request, else a completion one: the errors are then those of
+# the one the client meant (a plain union reports both members' errors).
+TokenizeRequest = Annotated[
+    Annotated[TokenizeCompletionRequest, Tag(UNION_TAG_PREFIX + "completion")]
+    | Annotated[TokenizeChatRequest, Tag(UNION_TAG_PREFIX + "chat")],
+    Discriminator(_tokenize_kind),
+]
 
 
 class TokenizeResponse(OpenAIBaseModel):
