@@ -37,7 +37,7 @@ class OpenAIBaseModel(BaseModel):
     _omit_if_empty: ClassVar[frozenset[str]] = frozenset()
 
     @model_serializer(mode="wrap")
-    def _omit_empty(self, handler: Any) -> Any:
+    def _omit_empty(self, handler: Any):  # no return type: the JSON schema stays the fields' own
         data = handler(self)
         for key in self._omit_if_empty:
             if key in data and (data[key] is None or data[key] == []):
