@@ -249,7 +249,9 @@ async def validation_exception_handler(_: Request, exc: RequestValidationError) 
 
 async def http_exception_handler(_: Request, exc: StarletteHTTPException) -> Response:
     status = HTTPStatus(exc.status_code)
-    err_type = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, status.phrase)
+    # A body FastAPI cannot parse raises a 400 HTTPException: the same BadRequestError as any bad body.
+    err_type = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code,
+                                                                                               status.phrase)
     # Starlette's 405 names the allowed methods in an Allow header (RFC 9110): keep it.
     return to_response(error_response(str(exc.detail), err_type, exc.status_code), headers=exc.headers)
 

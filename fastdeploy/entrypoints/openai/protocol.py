@@ -251,7 +251,11 @@ class ResponseHead(OpenAIBaseModel):
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
-    prompt: list[int] | list[list[int]] | str | list[str] | None = None
+    # Required and non-empty (prompt_embeds is not supported); a missing or empty one gets vLLM's
+    # message from the check below. The bounds tell clients and fuzzers so in /openapi.json.
+    prompt: (Annotated[list[int], Field(min_length=1)] | Annotated[list[Annotated[list[int], Field(min_length=1)]],
+                                                                   Field(min_length=1)]
+             | Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1)])
     echo: bool | None = False
     logprobs: int | None = None
     max_tokens: int | None = 16
