@@ -26,6 +26,10 @@ from fastdeploy.engine.sampling_finalization import (
 from fastdeploy.inputs import PromptType
 from fastdeploy.sampling_params import ParamValidationError, SamplingParams
 
+# Slack on the characters-per-token bound: normalizers may fold several characters into one
+# (combining marks), so a text may hold a little more than max_model_len longest tokens.
+_CHARS_PER_TOKEN_SLACK = 2
+
 
 @dataclass(frozen=True)
 class ProcessedPrompt:
@@ -69,24 +73,55 @@ class Processor:
         eos = tokenizer.eos_token_id if tokenizer is not None else model_config.hf_config.eos_token_id
         # Configs may list several EOS ids; the first is the model's own, the rest arrive via generation_config.
         self.eos_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
+        self.max_prompt_chars = self._max_prompt_chars()
 
-    def tokenize_prompt(self, prompt: PromptType, add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
-        """Text and token ids of a prompt in any accepted form."""
+    def _max_prompt_chars(self) -> int | None:
+        """The most characters a prompt of max_model_len tokens can have with this tokenizer (None: no tokenizer).
+
+        A token spells at most as many characters as its vocabulary entry has (byte-level and
+        sentencepiece entries spell each byte or space with one character), so a longer text cannot
+        fit and is refused before the tokenizer spends seconds on it.
+        """
+        if self.tokenizer is None:
+            return None
+        from fastdeploy.transformers_utils.tokenizer import cached_vocab
+
+        longest = max(map(len, cached_vocab(self.tokenizer)), default=0) or 64
+        return self.model_config.max_model_len * longest * _CHARS_PER_TOKEN_SLACK
+
+    def check_prompt_size(self, text: str) -> None:
+        """Refuse, without tokenizing it, a text too long for any prompt of max_model_len tokens."""
+        if self.max_prompt_chars is not None and len(text) > self.max_prompt_chars:
+            max_len = self.model_config.max_model_len
+            raise ParamValidationError(
+                f"This model's maximum context length is {max_len} tokens. However, your request has "
+                f"{len(text)} characters, more than {max_len} tokens can spell (at most {self.max_prompt_chars} "
+                "characters). Please reduce the length of the input messages.",
+                parameter="input_tokens", value=len(text))
+
+    def tokenize_prompt(self, prompt: PromptType, add_special_tokens: bool = True, *,
+                        check_size: bool = False) -> tuple[str | None, list[int]]:
+        """Text and token ids of a prompt in any accepted form.
+
+        ``check_size``: refuse a text too long to fit max_model_len before tokenizing it.
+        """
         if isinstance(prompt, str):
-            return prompt, self._encode(prompt, add_special_tokens)
+            return prompt, self._encode(prompt, add_special_tokens, check_size)
         if isinstance(prompt, Mapping):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             if "prompt" in prompt:
-                return prompt["prompt"], self._encode(prompt["prompt"], add_special_tokens)
+                return prompt["prompt"], self._encode(prompt["prompt"], add_special_tokens, check_size)
         raise ValueError(
             "prompt must be a str, a dict with 'prompt' or 'prompt_token_ids', or a list of these; "
             f"got {type(prompt).__name__}."
         )
 
-    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+    def _encode(self, text: str, add_special_tokens: bool, check_size: bool = False) -> list[int]:
         if self.tokenizer is None:
             raise ValueError("A text prompt needs a tokenizer; pass prompt_token_ids instead.")
+        if check_size:
+            self.check_prompt_size(text)
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def process_prompt(self, prompt: PromptType | ProcessedPrompt, *, truncate_prompt_tokens: int | None = None,
@@ -98,7 +133,9 @@ class Processor:
         """
         if isinstance(prompt, ProcessedPrompt):
             return prompt
-        text, token_ids = self.tokenize_prompt(prompt, add_special_tokens)
+        # A truncated prompt may be any length; an untruncated one must fit.
+        text, token_ids = self.tokenize_prompt(prompt, add_special_tokens,
+                                               check_size=truncate_prompt_tokens is None)
         if truncate_prompt_tokens is not None:
             keep = self.model_config.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
             token_ids = token_ids[-keep:] if keep else []

@@ -39,8 +39,12 @@ class BaseThinkingReasoningParser(ReasoningParser):
             raise ValueError("The model tokenizer must be passed to the ReasoningParser constructor.")
         self.start_token_id = self.vocab.get(self.start_token)
         self.end_token_id = self.vocab.get(self.end_token)
-        if self.start_token_id is None or self.end_token_id is None:
-            raise RuntimeError(f"{type(self).__name__} could not find the think start/end tokens in the tokenizer!")
+        missing = [t for t, i in ((self.start_token, self.start_token_id), (self.end_token, self.end_token_id))
+                   if i is None]
+        if missing:
+            raise ValueError(f"{type(self).__name__} needs the tokens {self.start_token!r} and {self.end_token!r}, "
+                             f"but this model's vocabulary has no {' or '.join(map(repr, missing))}: the model does "
+                             "not mark its reasoning with them. Choose another --reasoning-parser, or none.")
 
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
         # The latest marker decides: a start after an end reopens the reasoning.

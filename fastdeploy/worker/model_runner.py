@@ -23,6 +23,7 @@ from fastdeploy.worker.model_runner_output import EMPTY_MODEL_RUNNER_OUTPUT, Mod
 
 logger = init_logger(__name__)
 
+_UINT64_MASK = (1 << 64) - 1
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -106,7 +107,8 @@ class ModelRunner:
             state = self.requests.get(new.req_id)
             if state is None:
                 sp = new.sampling_params
-                gen = np.random.default_rng(sp.seed) if sp.seed is not None else None
+                # Any int64 is a seed (vLLM's torch generators read it as uint64); numpy's must be non-negative.
+                gen = np.random.default_rng(sp.seed & _UINT64_MASK) if sp.seed is not None else None
                 state = CachedRequestState(
                     new.req_id, sp, new.num_prompt_tokens, new.eos_token_id, gen, new.bad_words_token_ids
                 )

@@ -57,3 +57,20 @@ def test_truncation_and_the_two_length_rules(processor):
     with pytest.raises(ValueError, match="out of vocabulary"):
         processor.process_prompt({"prompt_token_ids": [1, 10**6]})
     assert isinstance(processor.process_prompt("x"), ProcessedPrompt)
+
+
+def test_a_text_too_long_for_the_context_is_refused_before_tokenizing(processor, calls, monkeypatch):
+    # SmolLM2's longest vocabulary entry spells 81 characters: 64 tokens hold at most 64 * 81 of them.
+    bound = processor.max_prompt_chars
+    assert 64 * 81 <= bound < 64 * 81 * 4
+    encoded = []
+    monkeypatch.setattr(processor.tokenizer, "encode", lambda text, **kw: encoded.append(text) or [1])
+    with pytest.raises(ValueError, match=f"has {bound + 1} characters, more than 64 tokens can spell"):
+        processor.process_prompt("x" * (bound + 1), leave_room=True)
+    with pytest.raises(ValueError, match="characters"):
+        processor.process_request("r", {"prompt": "x" * (bound + 1)}, SamplingParams())
+    assert encoded == []
+    # A text at the bound is tokenized; a truncated prompt may be any length (only its tail is kept).
+    processor.process_prompt("x" * bound)
+    processor.process_prompt("x" * (bound + 1), truncate_prompt_tokens=8)
+    assert len(encoded) == 2

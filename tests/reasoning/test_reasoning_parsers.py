@@ -83,5 +83,18 @@ def test_registry_and_missing_tokens():
     assert {"qwen3", "deepseek_r1", "ernie45"} <= set(ReasoningParserManager.list_registered())
     with pytest.raises(KeyError, match="not found in reasoning_parsers"):
         ReasoningParserManager.get_reasoning_parser("nope")
-    with pytest.raises(RuntimeError, match="could not find the think start/end tokens"):
+    with pytest.raises(ValueError, match="vocabulary has no '<think>' or '</think>'"):
         ReasoningParserManager.get_reasoning_parser("qwen3")(TagTokenizer(tags=["<tool_call>"]))
+    with pytest.raises(ValueError, match="vocabulary has no '<think>':"):
+        ReasoningParserManager.get_reasoning_parser("qwen3")(TagTokenizer(tags=["</think>"]))
+
+
+def test_server_refuses_a_reasoning_parser_the_model_cannot_use():
+    """The default model (SmolLM2) has no think tokens: checked once at start-up, naming them."""
+    from fastdeploy.entrypoints.openai.chat_parsing import ChatParserConfig
+    from fastdeploy.transformers_utils.tokenizer import get_tokenizer
+
+    config = ChatParserConfig.from_names(None, "qwen3", False)
+    with pytest.raises(ValueError, match="'<think>' or '</think>'.*--reasoning-parser"):
+        config.check(get_tokenizer(None))
+    ChatParserConfig.from_names(None, None, False).check(get_tokenizer(None))

@@ -35,11 +35,16 @@ from fastdeploy.engine.exceptions import EngineDeadError
 from fastdeploy.entrypoints.openai.chat_parsing import ChatParserConfig
 from fastdeploy.entrypoints.openai.cli_args import create_parser, validate_parsed_serve_args
 from fastdeploy.entrypoints.openai.protocol import (
+    UNION_TAG_PREFIX,
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
     TokenizeRequest,
+    TokenizeResponse,
 )
 from fastdeploy.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from fastdeploy.entrypoints.openai.serving_completion import OpenAIServingCompletion
@@ -66,10 +71,11 @@ def engine_client(request: Request) -> AsyncLLM:
     return request.app.state.engine_client
 
 
-def to_response(result: Any) -> Response:
+def to_response(result: Any, headers: dict[str, str] | None = None) -> Response:
     """A handler result as an HTTP response: error envelope, JSON body, or an SSE stream."""
     if isinstance(result, ErrorResponse):
-        return Response(result.model_dump_json(), status_code=result.error.code, media_type="application/json")
+        return Response(result.model_dump_json(), status_code=result.error.code, media_type="application/json",
+                        headers=headers)
     if isinstance(result, BaseModel):
         return Response(result.model_dump_json(), media_type="application/json")
     return StreamingResponse(result, media_type="text/event-stream")
@@ -130,6 +136,33 @@ async def _count_until_done(body: AsyncGenerator, state: Any) -> AsyncGenerator:
         state.server_load_metrics -= 1
 
 
+# ---- OpenAPI ---------------------------------------------------------------------------------
+_ERROR_STATUSES = {
+    HTTPStatus.BAD_REQUEST: "Malformed request or invalid parameter (BadRequestError).",
+    HTTPStatus.UNAUTHORIZED: "Missing or wrong API key (AuthenticationError), when the server has one.",
+    HTTPStatus.NOT_FOUND: "The requested model is not served (NotFoundError).",
+}
+
+
+def api_responses(model: type[BaseModel], *, streams: bool = False,
+                  authenticated: bool = True) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI responses of an operation: its body model, and vLLM's error envelope for every error.
+
+    ``authenticated``: the route is under /v1, where --api-key applies (a 401 is possible).
+
+    ``default`` covers the statuses not listed (500, 503); it also replaces FastAPI's 422, which
+    this server never sends (bad bodies are 400s).
+    """
+    ok: dict[str, Any] = {"model": model, "description": "Successful response."}
+    if streams:
+        ok["description"] = (f"A {model.__name__}, or with `stream: true` server-sent events: `data: <chunk JSON>` "
+                             "lines, the last `data: [DONE]`.")
+        ok["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    errors = {int(status): {"model": ErrorResponse, "description": text} for status, text in _ERROR_STATUSES.items()
+              if authenticated or status != HTTPStatus.UNAUTHORIZED}
+    return {200: ok, **errors, "default": {"model": ErrorResponse, "description": "Server error (error envelope)."}}
+
+
 # ---- routes ----------------------------------------------------------------------------------
 @router.get("/health")
 async def health(raw_request: Request) -> Response:
@@ -163,12 +196,12 @@ async def show_available_models(raw_request: Request) -> Response:
     return to_response(raw_request.app.state.openai_serving_models.show_available_models())
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", response_model=None, responses=api_responses(TokenizeResponse, authenticated=False))
 async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
     return to_response(await raw_request.app.state.openai_serving_tokenization.create_tokenize(request))
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", response_model=None, responses=api_responses(DetokenizeResponse, authenticated=False))
 async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Response:
     return to_response(await raw_request.app.state.openai_serving_tokenization.create_detokenize(request))
 
@@ -178,14 +211,15 @@ async def tokenizer_info(raw_request: Request) -> JSONResponse:
     return JSONResponse(raw_request.app.state.openai_serving_tokenization.tokenizer_info())
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", response_model=None, responses=api_responses(CompletionResponse, streams=True))
 @load_tracked
 @with_cancellation
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
     return to_response(await raw_request.app.state.openai_serving_completion.create_completion(request, raw_request))
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", response_model=None,
+             responses=api_responses(ChatCompletionResponse, streams=True))
 @load_tracked
 @with_cancellation
 async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
@@ -194,6 +228,8 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
 
 
 # ---- error handlers --------------------------------------------------------------------------
+_NOT_FIELDS = ("function-", UNION_TAG_PREFIX)
+
 async def validation_exception_handler(_: Request, exc: RequestValidationError) -> Response:
     """A malformed body is a 400 BadRequestError (never FastAPI's 422), naming the parameter."""
     messages = []
@@ -202,7 +238,8 @@ async def validation_exception_handler(_: Request, exc: RequestValidationError) 
         cause = (err.get("ctx") or {}).get("error")
         if isinstance(cause, ParamValidationError):
             return to_response(error_response(str(cause), param=cause.parameter))
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        # Union bodies (/tokenize) put the member's tag or validator name ("function-wrap[...]") in loc.
+        loc = [str(p) for p in err.get("loc", ()) if p != "body" and not str(p).startswith(_NOT_FIELDS)]
         if param is None and loc:
             param = loc[0]
         msg = str(err.get("msg", "")).removeprefix("Value error, ")
@@ -212,8 +249,11 @@ async def validation_exception_handler(_: Request, exc: RequestValidationError) 
 
 async def http_exception_handler(_: Request, exc: StarletteHTTPException) -> Response:
     status = HTTPStatus(exc.status_code)
-    err_type = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, status.phrase)
-    return to_response(error_response(str(exc.detail), err_type, exc.status_code))
+    # A body FastAPI cannot parse raises a 400 HTTPException: the same BadRequestError as any bad body.
+    err_type = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code,
+                                                                                               status.phrase)
+    # Starlette's 405 names the allowed methods in an Allow header (RFC 9110): keep it.
+    return to_response(error_response(str(exc.detail), err_type, exc.status_code), headers=exc.headers)
 
 
 async def generic_exception_handler(_: Request, exc: Exception) -> Response:
@@ -323,6 +363,7 @@ def init_app_state(engine: AsyncLLM, state: Any, args: argparse.Namespace) -> No
     state.openai_serving_models = models
     state.openai_serving_completion = OpenAIServingCompletion(engine, models, **common)
     parsers = ChatParserConfig.from_names(args.tool_call_parser, args.reasoning_parser, args.enable_auto_tool_choice)
+    parsers.check(engine.tokenizer)
     state.openai_serving_chat = OpenAIServingChat(engine, models, response_role=args.response_role,
                                                   chat_template=chat_template, parser_config=parsers, **common)
     state.openai_serving_tokenization = OpenAIServingTokenization(engine, models, chat_template=chat_template,

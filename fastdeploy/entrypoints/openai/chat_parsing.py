@@ -69,6 +69,16 @@ class ChatParserConfig:
                                                   "reasoning")
         return config
 
+    def check(self, tokenizer: Any) -> None:
+        """Build the reasoning parser once at start-up, so a parser the model cannot use (its think
+        tokens missing from the vocabulary) stops the server with the reason instead of failing every request.
+
+        Raises:
+            ValueError: naming the missing tokens.
+        """
+        if self.reasoning_parser_cls is not None:
+            self.reasoning_parser_cls(tokenizer)
+
 
 def _lookup(manager: Any, getter: str, name: str, kind: str) -> Any:
     try:

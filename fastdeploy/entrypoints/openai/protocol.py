@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_serializer, model_validator
 
 from fastdeploy.logger import init_logger
 from fastdeploy.sampling_params import ParamValidationError, RequestOutputKind, SamplingParams, StructuredOutputsParams
@@ -21,6 +21,8 @@ logger = init_logger(__name__)
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _ignored_fields_logged: set[str] = set()
+# Tags of the union request bodies: they appear in validation errors' locations, which the server drops.
+UNION_TAG_PREFIX = "union:"
 
 
 def random_uuid() -> str:
@@ -35,7 +37,7 @@ class OpenAIBaseModel(BaseModel):
     _omit_if_empty: ClassVar[frozenset[str]] = frozenset()
 
     @model_serializer(mode="wrap")
-    def _omit_empty(self, handler: Any) -> Any:
+    def _omit_empty(self, handler: Any):  # no return type: the JSON schema stays the fields' own
         data = handler(self)
         for key in self._omit_if_empty:
             if key in data and (data[key] is None or data[key] == []):
@@ -249,7 +251,11 @@ class ResponseHead(OpenAIBaseModel):
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions."""
 
-    prompt: list[int] | list[list[int]] | str | list[str] | None = None
+    # Required and non-empty (prompt_embeds is not supported); a missing or empty one gets vLLM's
+    # message from the check below. The bounds tell clients and fuzzers so in /openapi.json.
+    prompt: (Annotated[list[int], Field(min_length=1)] | Annotated[list[Annotated[list[int], Field(min_length=1)]],
+                                                                   Field(min_length=1)]
+             | Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1)])
     echo: bool | None = False
     logprobs: int | None = None
     max_tokens: int | None = 16
@@ -328,7 +334,8 @@ class ChatCompletionMessageParam(OpenAIBaseModel):
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
-    messages: list[ChatCompletionMessageParam]
+    # At least one message, as OpenAI requires: templates index messages[0].
+    messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
     logprobs: bool | None = False
     top_logprobs: int | None = 0
     max_tokens: int | None = None
@@ -472,7 +479,8 @@ class TokenizeCompletionRequest(OpenAIBaseModel):
 
 class TokenizeChatRequest(OpenAIBaseModel):
     model: str | None = None
-    messages: list[ChatCompletionMessageParam]
+    # At least one message, as OpenAI requires: templates index messages[0].
+    messages: Annotated[list[ChatCompletionMessageParam], Field(min_length=1)]
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
@@ -482,7 +490,17 @@ class TokenizeChatRequest(OpenAIBaseModel):
     tools: list[dict[str, Any]] | None = None
 
 
-TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
+def _tokenize_kind(body: Any) -> str:
+    return UNION_TAG_PREFIX + ("chat" if isinstance(body, dict) and "messages" in body else "completion")
+
+
+# A body with ``messages`` is a chat request, else a completion one: the errors are then those of
+# the one the client meant (a plain union reports both members' errors).
+TokenizeRequest = Annotated[
+    Annotated[TokenizeCompletionRequest, Tag(UNION_TAG_PREFIX + "completion")]
+    | Annotated[TokenizeChatRequest, Tag(UNION_TAG_PREFIX + "chat")],
+    Discriminator(_tokenize_kind),
+]
 
 
 class TokenizeResponse(OpenAIBaseModel):

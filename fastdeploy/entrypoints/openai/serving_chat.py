@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from fastdeploy.engine.async_llm import AsyncLLM
+from fastdeploy.engine.processor import ProcessedPrompt
 from fastdeploy.entrypoints.openai.chat_parsing import ChatOutputParser, ChatParserConfig
 from fastdeploy.entrypoints.openai.protocol import (
     ChatCompletionLogProb,
@@ -32,11 +33,12 @@ from fastdeploy.entrypoints.openai.serving_engine import (
     error_response,
     jsonable_prompt_logprobs,
     sse,
+    user_data_guard,
 )
 from fastdeploy.entrypoints.openai.serving_models import OpenAIServingModels
 from fastdeploy.logprobs import Logprob
 from fastdeploy.outputs import RequestOutput
-from fastdeploy.sampling_params import ParamValidationError, StructuredOutputsParams
+from fastdeploy.sampling_params import ParamValidationError, SamplingParams, StructuredOutputsParams
 
 _TEXT_PART_TYPES = ("text", "input_text", "output_text")
 
@@ -58,11 +60,15 @@ def load_chat_template(chat_template: str | None) -> str | None:
 def arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
     """Chat templates expect tool-call arguments as objects; OpenAI clients send JSON strings."""
     calls = message.get("tool_calls")
-    if not calls:
+    if not calls or not isinstance(calls, list):
         return message
     converted = []
     for call in calls:
-        function = dict(call.get("function") or {})
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            converted.append(call)  # not an OpenAI tool call: left for the template to judge
+            continue
+        function = dict(function)
         if isinstance(function.get("arguments"), str):
             try:
                 function["arguments"] = json.loads(function["arguments"])
@@ -102,10 +108,13 @@ def render_chat(tokenizer, messages: Sequence[ChatCompletionMessageParam], *, ch
     kwargs = dict(chat_template_kwargs or {})
     if documents is not None:
         kwargs["documents"] = documents
-    return tokenizer.apply_chat_template(
-        conversation_for_template(messages), chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message, tools=tools, tokenize=False, **kwargs,
-    )
+    # The template indexes and iterates whatever the client sent: its failures are the request's.
+    with user_data_guard("messages for the chat template", "messages"):
+        conversation = conversation_for_template(messages)
+        return tokenizer.apply_chat_template(
+            conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, tools=tools, tokenize=False, **kwargs,
+        )
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -127,22 +136,11 @@ class OpenAIServingChat(OpenAIServing):
             return error
         request_id = f"chatcmpl-{self.base_request_id(raw_request, request.request_id)}"
         created = int(time.time())
+        engine_id = self.engine_request_id(request_id, 0)
         try:
-            parser = ChatOutputParser(self.parser_config, request, self.tokenizer)
-            request = parser.adjust_request()
-            prompt_text = render_chat(
-                self.tokenizer, request.messages, chat_template=request.chat_template or self.chat_template,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message, tools=request.tools,
-                documents=request.documents, chat_template_kwargs=request.chat_template_kwargs)
-            prompt = self.process_prompt(prompt_text, request.truncate_prompt_tokens, request.add_special_tokens)
-            max_tokens = self.max_tokens(request.max_completion_tokens or request.max_tokens, len(prompt.token_ids))
-            params = request.sampling_params(max_tokens, self.default_sampling_params,
-                                             logprobs=request.top_logprobs if request.logprobs else None,
-                                             prompt_logprobs=request.prompt_logprobs,
-                                             structured_outputs=self._constraint(request))
-            engine_id = self.engine_request_id(request_id, 0)
-            collector = await self.engine.add_request(engine_id, prompt, params)
+            parser, request, prompt, params = await self.prepare(self._prepare, request)
+            with user_data_guard("request"):
+                collector = await self.engine.add_request(engine_id, prompt, params)
         except Exception as e:
             return self.create_error_response(e)
         results = self.engine.stream_outputs(engine_id, collector)
@@ -156,6 +154,28 @@ class OpenAIServingChat(OpenAIServing):
             return self.create_error_response(e)
         assert final is not None
         return self._response(request, parser, final, request_id, created)
+
+    def _prepare(self, request: ChatCompletionRequest,
+                 ) -> tuple[ChatOutputParser, ChatCompletionRequest, ProcessedPrompt, SamplingParams]:
+        """Parsers, prompt (template rendered, tokenized, checked) and sampling params of a request.
+
+        Runs in the preparation thread, inside the user-data guard (see :meth:`OpenAIServing.prepare`).
+        """
+        parser = ChatOutputParser(self.parser_config, request, self.tokenizer)
+        request = parser.adjust_request()
+        prompt_text = render_chat(
+            self.tokenizer, request.messages, chat_template=request.chat_template or self.chat_template,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message, tools=request.tools,
+            documents=request.documents, chat_template_kwargs=request.chat_template_kwargs)
+        prompt = self.process_prompt(prompt_text, request.truncate_prompt_tokens, request.add_special_tokens)
+        max_tokens = self.max_tokens(request.max_completion_tokens or request.max_tokens, len(prompt.token_ids))
+        with user_data_guard("tools or structured outputs", "tools" if request.tools else None):
+            constraint = self._constraint(request)
+        params = request.sampling_params(max_tokens, self.default_sampling_params,
+                                         logprobs=request.top_logprobs if request.logprobs else None,
+                                         prompt_logprobs=request.prompt_logprobs, structured_outputs=constraint)
+        return parser, request, prompt, params
 
     def _check_tools(self, request: ChatCompletionRequest) -> ErrorResponse | None:
         """Tools always reach the chat template; "auto" needs a tool-call parser to find the calls."""

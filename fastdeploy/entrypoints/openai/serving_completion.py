@@ -32,6 +32,7 @@ from fastdeploy.entrypoints.openai.serving_engine import (
     error_response,
     jsonable_prompt_logprobs,
     sse,
+    user_data_guard,
 )
 from fastdeploy.logprobs import Logprob
 from fastdeploy.outputs import CompletionOutput, RequestOutput
@@ -61,12 +62,13 @@ class OpenAIServingCompletion(OpenAIServing):
         request_id = f"cmpl-{self.base_request_id(raw_request, request.request_id)}"
         created = int(time.time())
         try:
-            prompts = self._tokenize(request)
-            if request.use_beam_search:
-                streams = [self._beam_search(request, p, self.engine_request_id(request_id, i))
-                           for i, p in enumerate(prompts)]
-            else:
-                streams = await self._start(request, prompts, request_id)
+            prompts = await self.prepare(self._tokenize, request, what="prompt")
+            with user_data_guard("request"):
+                if request.use_beam_search:
+                    streams = [self._beam_search(request, p, self.engine_request_id(request_id, i))
+                               for i, p in enumerate(prompts)]
+                else:
+                    streams = await self._start(request, prompts, request_id)
         except Exception as e:
             return self.create_error_response(e)
         results = merge_async_iterators(*streams)

@@ -6,11 +6,15 @@ request ids and token spelling in logprobs.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
+import jinja2
 from fastapi import Request
 
 from fastdeploy.engine.async_llm import AsyncLLM
@@ -42,6 +46,36 @@ def sse(data: str) -> str:
 
 SSE_DONE = sse("[DONE]")
 
+T = TypeVar("T")
+
+# What request data makes the preparation steps raise (chat templates indexing an empty or
+# odd conversation, a client's own chat_template, tokenizers given the wrong types, malformed
+# tool or structured-output specs): the client's fault, a 400. Anything else raised there (RuntimeError, AttributeError,
+# MemoryError, a dead engine...) is a server fault: a 500, logged with its traceback.
+USER_DATA_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, TypeError, LookupError, ArithmeticError, RecursionError, jinja2.TemplateError)
+
+# One thread renders chat templates and tokenizes for the whole server: off the event loop, so
+# /health and streaming answer while a big prompt is prepared, and one at a time, because a
+# fast tokenizer used from two threads at once fails ("Already borrowed"), as in vLLM.
+_PREPARATION_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fd-request-prep")
+
+
+@contextmanager
+def user_data_guard(what: str, param: str | None = None) -> Iterator[None]:
+    """Turn a user-data error raised inside into a 400 :class:`ParamValidationError` naming ``what`` failed.
+
+    Errors that already name their parameter pass through unchanged, so nested guards keep the
+    innermost, most precise message; server faults pass through to become 500s.
+    """
+    try:
+        yield
+    except ParamValidationError:
+        raise
+    except USER_DATA_ERRORS as e:
+        detail = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+        raise ParamValidationError(f"Invalid {what}: {detail}", parameter=param) from e
+
 
 def error_response(message: str, err_type: str = "BadRequestError", status_code: int = HTTPStatus.BAD_REQUEST,
                    param: str | None = None) -> ErrorResponse:
@@ -53,7 +87,7 @@ def error_from_exception(exc: BaseException) -> ErrorResponse:
     """Map an exception to its envelope: bad input is 400, a dead engine or a bug is 500."""
     if isinstance(exc, ParamValidationError):
         return error_response(str(exc), param=exc.parameter)
-    if isinstance(exc, (ValueError, TypeError, OverflowError)) or type(exc).__name__ == "TemplateError":
+    if isinstance(exc, ValueError):
         return error_response(str(exc))
     if isinstance(exc, NotImplementedError):
         return error_response(str(exc), "NotImplementedError", HTTPStatus.NOT_IMPLEMENTED)
@@ -119,6 +153,13 @@ class OpenAIServing:
         from fastdeploy.model_executor.guided_decoding.openai_params import structured_outputs_from_request
 
         return structured_outputs_from_request(request)
+
+    @staticmethod
+    async def prepare(step: Callable[..., T], *args: Any, what: str = "request") -> T:
+        """``step(*args)``, a CPU-bound preparation step (chat template, tokenization, parameters), run off
+        the event loop inside the user-data guard: bad data becomes a 400 naming ``what``, a server fault a 500."""
+        with user_data_guard(what):
+            return await asyncio.get_running_loop().run_in_executor(_PREPARATION_EXECUTOR, step, *args)
 
     def process_prompt(self, prompt: str | list[int], truncate_prompt_tokens: int | None,
                        add_special_tokens: bool = True) -> ProcessedPrompt:

@@ -30,17 +30,24 @@ class OpenAIServingTokenization(OpenAIServing):
         if (error := self.check_model(request)) is not None:
             return error
         try:
-            if isinstance(request, TokenizeChatRequest):
-                text = render_chat(self.tokenizer, request.messages,
-                                   chat_template=request.chat_template or self.chat_template,
-                                   add_generation_prompt=request.add_generation_prompt,
-                                   continue_final_message=request.continue_final_message, tools=request.tools,
-                                   chat_template_kwargs=request.chat_template_kwargs)
-            else:
-                text = request.prompt
-            tokens = self.tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
+            return await self.prepare(self._tokenize, request)
         except Exception as e:
             return self.create_error_response(e)
+
+    def _tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        """The tokens of a prompt or a rendered conversation (in the preparation thread, see ``prepare``).
+
+        Not bounded by max_model_len: /tokenize is how clients learn whether a text fits (as in vLLM).
+        """
+        if isinstance(request, TokenizeChatRequest):
+            text = render_chat(self.tokenizer, request.messages,
+                               chat_template=request.chat_template or self.chat_template,
+                               add_generation_prompt=request.add_generation_prompt,
+                               continue_final_message=request.continue_final_message, tools=request.tools,
+                               chat_template_kwargs=request.chat_template_kwargs)
+        else:
+            text = request.prompt
+        tokens = self.tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
         token_strs = self.tokenizer.convert_ids_to_tokens(tokens) if request.return_token_strs else None
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens,
                                 token_strs=token_strs)
@@ -53,7 +60,10 @@ class OpenAIServingTokenization(OpenAIServing):
         if bad:
             return self.create_error_response(f"Token id(s) {bad} are out of vocabulary (size {vocab}).",
                                               param="tokens")
-        return DetokenizeResponse(prompt=self.tokenizer.decode(request.tokens))
+        try:
+            return DetokenizeResponse(prompt=await self.prepare(self.tokenizer.decode, request.tokens))
+        except Exception as e:
+            return self.create_error_response(e)
 
     def tokenizer_info(self) -> dict[str, Any]:
         """The tokenizer's class and configuration (JSON-safe values only), with the chat template."""

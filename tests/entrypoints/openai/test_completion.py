@@ -46,6 +46,14 @@ def test_stream_equals_non_stream_with_seed(client):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+@pytest.mark.parametrize("seed", [-421, -(2**63), 2**63 - 1])
+def test_any_int64_seed_samples_reproducibly(client, seed):
+    """vLLM takes any int64 seed; a negative one once killed the engine core (found by the fuzz test)."""
+    kwargs = dict(model=MODEL_NAME, prompt="Once upon a time", max_tokens=6, temperature=1.0, seed=seed, n=2)
+    first = [c.text for c in client.completions.create(**kwargs).choices]
+    assert [c.text for c in client.completions.create(**kwargs).choices] == first
+
+
 def test_stream_include_usage(client):
     chunks = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0, stream=True,
                                             stream_options={"include_usage": True}))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import httpx
 import openai
 import pytest
@@ -11,6 +14,7 @@ pytestmark = pytest.mark.slow
 
 CHAT = "v1/chat/completions"
 CMPL = "v1/completions"
+TOKENIZE = "tokenize"
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 # (route, body, status, param or None, a fragment of the message)
@@ -51,6 +55,27 @@ BAD_REQUESTS = [
     (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "continue_final_message": True}, 400,
      "continue_final_message", "add_generation_prompt"),
     (CHAT, {"model": "no-such-model", "messages": MESSAGES}, 404, "model", "does not exist"),
+    # Request data that request preparation cannot use is the client's error, never a 500.
+    (CHAT, {"model": MODEL_NAME, "messages": [], "max_tokens": 4}, 400, "messages", "at least 1 item"),
+    (TOKENIZE, {"messages": []}, 400, "messages", "at least 1 item"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}, 400, "tools",
+     "tools[0].function.parameters must be a JSON schema object, got int"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "tool_choice": "required",
+            "tools": [{"type": "function", "function": "f"}]}, 400, "tools", "tools[0].function must be an object"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "chat_template": "{{ raise_exception('no system turn') }}"},
+     400, "messages", "no system turn"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "chat_template": "{% for m in messages %}"}, 400, "messages",
+     "TemplateSyntaxError"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "chat_template": "{{ 1 / 0 }}"}, 400, "messages",
+     "ZeroDivisionError"),
+    (TOKENIZE, {"messages": MESSAGES, "chat_template": "{{ messages[3].content.upper() }}"}, 400, "messages",
+     "UndefinedError"),
+    (TOKENIZE, {"messages": MESSAGES, "chat_template": "{{ messages[0].content + 1 }}"}, 400, "messages",
+     "Invalid messages for the chat template: TypeError"),
+    (CHAT, {"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"text": "hi"}]}]}, 400, None,
+     "Content part type None"),
+    (CHAT, {"model": MODEL_NAME, "messages": MESSAGES, "structured_outputs": {"json": 5}}, 400, None, "JSON"),
 ]
 
 
@@ -82,6 +107,39 @@ def test_prompt_longer_than_context(server):
     assert r.json()["error"]["message"] == (
         "This model's maximum context length is 512 tokens. However, your request has 512 input tokens. "
         "Please reduce the length of the input messages.")
+
+
+def test_huge_prompt_is_refused_by_size_without_tokenizing(server):
+    """10 MB cannot fit 512 tokens: refused from its length at once, not after seconds of tokenization."""
+    for route, body in ((CMPL, {"model": MODEL_NAME, "prompt": "word " * 2_000_000, "max_tokens": 1}),
+                        (CHAT, {"model": MODEL_NAME, "messages": [{"role": "user", "content": "word " * 2_000_000}]})):
+        start = time.monotonic()
+        r = httpx.post(server.url_for(*route.split("/")), json=body, headers=server.headers, timeout=60)
+        assert r.status_code == 400, r.text
+        assert "characters" in r.json()["error"]["message"]
+        assert time.monotonic() - start < 5
+
+
+def test_health_answers_while_a_big_prompt_is_tokenized(server):
+    """Tokenization runs off the event loop: /health stays quick during a multi-second /tokenize."""
+    big = {"prompt": "hello world, this is text " * 240_000}
+
+    async def scenario() -> tuple[httpx.Response, list[float]]:
+        async with httpx.AsyncClient(timeout=120) as http:
+            big_request = asyncio.create_task(http.post(server.url_for("tokenize"), json=big))
+            latencies = []
+            await asyncio.sleep(0.3)  # the body is sent and parsed; tokenization is under way
+            while not big_request.done():
+                start = time.monotonic()
+                assert (await http.get(server.url_for("health"))).status_code == 200
+                latencies.append(time.monotonic() - start)
+                await asyncio.sleep(0.05)
+            return await big_request, latencies
+
+    response, latencies = asyncio.run(scenario())
+    assert response.status_code == 200 and response.json()["count"] > 1_000_000
+    assert len(latencies) >= 3, "the big request finished too fast to overlap /health"
+    assert max(latencies) < 1.0, latencies
 
 
 def test_max_tokens_is_clamped_to_the_context(client):

@@ -66,3 +66,25 @@ def test_unknown_route_is_an_error_envelope(server):
     r = httpx.get(server.url_for("v1", "nothing"), headers=server.headers)
     assert r.status_code == 404
     assert r.json()["error"]["code"] == 404
+
+
+def test_method_not_allowed_names_the_allowed_methods(server):
+    r = httpx.get(server.url_for("v1", "completions"), headers=server.headers)
+    assert r.status_code == 405
+    assert r.headers["allow"] == "POST"
+    assert r.json()["error"]["code"] == 405
+
+
+def test_openapi_declares_responses_and_errors(server):
+    paths = httpx.get(server.url_for("openapi.json")).json()["paths"]
+    bodies = {"/v1/completions": "CompletionResponse", "/v1/chat/completions": "ChatCompletionResponse",
+              "/tokenize": "TokenizeResponse", "/detokenize": "DetokenizeResponse"}
+    for path, model in bodies.items():
+        responses = paths[path]["post"]["responses"]
+        assert responses["200"]["content"]["application/json"]["schema"]["$ref"].endswith(model)
+        expected_errors = {"400", "404", "default"} | ({"401"} if path.startswith("/v1") else set())
+        assert set(responses) == {"200"} | expected_errors, path
+        for status in expected_errors:
+            assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("ErrorResponse")
+        streams = "text/event-stream" in responses["200"]["content"]
+        assert streams == path.startswith("/v1"), path

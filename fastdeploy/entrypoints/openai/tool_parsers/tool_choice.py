@@ -45,7 +45,10 @@ def _merged_defs(functions: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The ``$defs`` of every tool's parameters, hoisted to the array schema's root."""
     defs: dict[str, Any] = {}
     for name, params in functions.items():
-        for key, schema in (params.get("$defs") or {}).items():
+        tool_defs = params.get("$defs") or {}
+        if not isinstance(tool_defs, Mapping):
+            raise ParamValidationError(f"The `$defs` of tool {name!r} must be an object.", parameter="tools")
+        for key, schema in tool_defs.items():
             if key in defs and defs[key] != schema:
                 raise ParamValidationError(
                     f"Tool definition '{key}' has multiple schemas, which is not supported (tool {name!r}).",

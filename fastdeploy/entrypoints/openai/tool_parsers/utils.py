@@ -7,6 +7,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from fastdeploy.sampling_params import ParamValidationError
+
 _NAME_RE = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
@@ -95,12 +97,22 @@ def _as_dict(obj: Any) -> dict[str, Any]:
 def tool_functions(tools: Any) -> dict[str, dict[str, Any]]:
     """``{function name: its parameters schema}`` of OpenAI ``tools`` (dicts or pydantic models)."""
     out: dict[str, dict[str, Any]] = {}
-    for tool in tools or ():
+    for i, tool in enumerate(tools or ()):
         tool = _as_dict(tool)
-        function = _as_dict(tool.get("function") or {})
+        function = tool.get("function") or {}
+        if not isinstance(function, Mapping) and not hasattr(function, "model_dump"):
+            raise ParamValidationError(f"tools[{i}].function must be an object, got {type(function).__name__}.",
+                                       parameter="tools")
+        function = _as_dict(function)
         name = function.get("name")
+        parameters = function.get("parameters") or {}
+        if not isinstance(parameters, Mapping):
+            # The parameters become a JSON schema (tool_choice "required" / named) and reach templates as one.
+            raise ParamValidationError(
+                f"tools[{i}].function.parameters must be a JSON schema object, got {type(parameters).__name__}.",
+                parameter="tools")
         if name:
-            out[name] = function.get("parameters") or {}
+            out[name] = dict(parameters)
     return out
 
 
