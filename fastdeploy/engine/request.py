@@ -142,6 +142,10 @@ class Request:
         self.num_preemptions = 0
         # Hashes of the full blocks of all_token_ids, extended as tokens arrive.
         self.block_hashes: list[int] = []
+        # Prompt logprob rows already sent (positions 0..n-1): a run after a preemption skips them.
+        self.num_prompt_logprobs_sent = 0
+        # Rows a prefix-cache hit supplied, sent with the request's next step output.
+        self.cached_prompt_logprobs: LogprobsLists | None = None
         sp = self.sampling_params
         left = max_model_len - self.num_prompt_tokens
         self.max_tokens = left if sp.max_tokens is None else min(sp.max_tokens, left)

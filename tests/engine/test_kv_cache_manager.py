@@ -3,7 +3,7 @@
 import time
 
 from fastdeploy.engine.kv_cache.kv_cache_manager import KVCacheManager
-from fastdeploy.engine.request import EngineCoreRequest, Request
+from fastdeploy.engine.request import EngineCoreRequest, LogprobsLists, Request
 from fastdeploy.sampling_params import SamplingParams
 
 
@@ -68,9 +68,70 @@ def test_reset_prefix_cache_only_when_idle():
     assert kv.get_computed_blocks(make_request("b", list(range(9))))[1] == 0
 
 
-def test_prompt_logprobs_requests_skip_the_prefix_cache():
+def _lp_request(req_id: str, tokens: list[int], k: int = 1) -> Request:
+    core = EngineCoreRequest(req_id, tokens, SamplingParams(max_tokens=2, prompt_logprobs=k), None, time.time())
+    return Request(core, 1024)
+
+
+def _rows(tokens: list[int], first: int, last: int, k: int = 1) -> LogprobsLists:
+    """Made-up rows for positions first..last-1: row p predicts tokens[p + 1]."""
+    ids = [[tokens[p + 1], *range(100, 100 + k)] for p in range(first, last)]
+    return LogprobsLists(ids, [[-0.5 - p] * (k + 1) for p in range(first, last)], [p + 1 for p in range(first, last)])
+
+
+def test_prompt_logprobs_requests_hit_only_blocks_that_carry_them():
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_caching=True)
-    a = make_request("a", list(range(12)))
-    kv.allocate_slots(a, 12)
-    core = EngineCoreRequest("b", list(range(13)), SamplingParams(max_tokens=2, prompt_logprobs=1), None, time.time())
-    assert kv.get_computed_blocks(Request(core, 1024)) == ([], 0)
+    # Blocks computed without prompt logprobs cannot serve a request that needs them.
+    kv.allocate_slots(make_request("a", list(range(12))), 12)
+    assert kv.get_computed_blocks(_lp_request("b", list(range(13)))) == ([], 0)
+
+    tokens = list(range(50, 63))
+    c = _lp_request("c", tokens)
+    kv.allocate_slots(c, 13)
+    # Being computed: a request needing the same prefix waits for the rows instead of recomputing.
+    assert kv.prompt_logprobs_pending(_lp_request("d", tokens))
+    kv.store_prompt_logprobs(c, 0, _rows(tokens, 0, 6))  # a chunk: block 0 complete, block 1 not
+    kv.store_prompt_logprobs(c, 6, _rows(tokens, 6, 12))
+    kv.free(c)
+    d = _lp_request("d", tokens)
+    assert not kv.prompt_logprobs_pending(d)
+    hits, n = kv.get_computed_blocks(d)
+    assert n == 12
+    # The rows a hit returns are the ones stored, position for position.
+    assert kv.cached_prompt_logprobs(hits, 0) == _rows(tokens, 0, 12)
+    assert kv.cached_prompt_logprobs(hits, 5) == _rows(tokens, 5, 12)
+    # Another top-k width: the stored rows do not answer it.
+    assert kv.get_computed_blocks(_lp_request("e", tokens, k=2)) == ([], 0)
+    # A prompt that leaves the shared prefix right at a block boundary: the last shared block's
+    # last row predicted another token, so that block is not a hit.
+    other = tokens[:8] + [7, 7, 7, 7, 7]
+    assert kv.get_computed_blocks(_lp_request("f", other))[1] == 4
+
+
+def test_prompt_logprobs_of_a_block_go_when_it_is_evicted():
+    kv = KVCacheManager(num_blocks=4, block_size=4, enable_caching=True)
+    tokens = list(range(9))
+    a = _lp_request("a", tokens)
+    kv.allocate_slots(a, 9)
+    kv.store_prompt_logprobs(a, 0, _rows(tokens, 0, 8))
+    kv.free(a)
+    assert kv.get_computed_blocks(_lp_request("b", tokens))[1] == 8
+    kv.allocate_slots(make_request("c", list(range(100, 116))), 16)  # takes every block
+    assert all(b.prompt_logprobs is None for b in kv.block_pool.blocks)
+
+
+def test_pending_prompt_logprobs_clear_when_the_owner_goes():
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_caching=True)
+    tokens = list(range(13))
+    a = _lp_request("a", tokens)
+    kv.allocate_slots(a, 13)
+    assert kv.prompt_logprobs_pending(_lp_request("b", tokens))
+    kv.free(a)  # aborted before its step: nobody will bring the rows
+    assert not kv.prompt_logprobs_pending(_lp_request("b", tokens))
+    assert kv.get_computed_blocks(_lp_request("b", tokens)) == ([], 0)
+
+
+def test_whole_vocabulary_prompt_logprobs_skip_the_prefix_cache():
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_caching=True)
+    kv.allocate_slots(make_request("a", list(range(12))), 12)
+    assert kv.get_computed_blocks(_lp_request("b", list(range(13)), k=-1)) == ([], 0)

@@ -168,3 +168,47 @@ def test_output_kinds_and_inputs(smol_llm):
         for out in engine.step():
             pieces.append(out.outputs[0].token_ids)
     assert sum(len(p) for p in pieces) == 6 and all(len(p) <= 1 for p in pieces)
+
+
+def _same_prompt_logprobs(got, want) -> None:
+    assert len(got) == len(want) and got[0] is None and want[0] is None
+    for g, w in zip(got[1:], want[1:], strict=True):
+        assert list(g) == list(w)  # the chosen token first, then the same top-k in the same order
+        for tok in w:
+            assert g[tok].rank == w[tok].rank
+            assert g[tok].logprob == pytest.approx(w[tok].logprob, abs=1e-4)
+
+
+def test_prompt_logprobs_from_the_prefix_cache_match_a_cold_run(smol_llm):
+    """lm-eval's loglikelihood shape: choices sharing their whole context, echo + logprobs.
+
+    The shared context's KV and its prompt logprobs come from the prefix cache, and the
+    response is what a request computed from scratch returns.
+    """
+    tok = smol_llm.get_tokenizer()
+    context = tok.encode("The following are multiple choice questions about astronomy.\n\n" * 3
+                         + "Where do short-period comets come from?\nA. Kuiper belt\nB. Oort cloud\nAnswer:",
+                         add_special_tokens=False)
+    prompts = [{"prompt_token_ids": context + tok.encode(c, add_special_tokens=False)} for c in (" A", " B", " C")]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1)
+    cold = []
+    for prompt in prompts:
+        smol_llm.reset_prefix_cache()
+        out = smol_llm.generate(prompt, params, use_tqdm=False)[0]
+        assert out.num_cached_tokens == 0
+        cold.append(out.prompt_logprobs)
+    smol_llm.reset_prefix_cache()
+    # Submitted together: the first computes the context, the others wait a step and reuse it.
+    together = smol_llm.generate(prompts, params, use_tqdm=False)
+    assert [o.num_cached_tokens > 0 for o in together] == [False, True, True]
+    for out, want in zip(together, cold, strict=True):
+        _same_prompt_logprobs(out.prompt_logprobs, want)
+    # The same prompt again: served from the cache, the very same logprobs.
+    again = smol_llm.generate(prompts[0], params, use_tqdm=False)[0]
+    assert again.num_cached_tokens > 0
+    _same_prompt_logprobs(again.prompt_logprobs, together[0].prompt_logprobs)
+    # Another top-k width is not in the cache: computed, still right.
+    wider = smol_llm.generate(prompts[1], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=3),
+                              use_tqdm=False)[0]
+    assert wider.num_cached_tokens == 0
+    assert all(len(lp) >= 3 for lp in wider.prompt_logprobs[1:])

@@ -267,3 +267,15 @@ def test_top_k_rows_ranked_on_logits_keep_what_the_full_row_path_keeps():
         assert ours == ref, f"row {i}"
     np.testing.assert_array_equal(ids[np.arange(n), inverse_cdf_sample(kept, uniform)],
                                   ref_ids[np.arange(n), inverse_cdf_sample(ref_kept, uniform)])
+
+
+def test_gather_logprobs_top1_is_the_first_of_the_top_k():
+    """The top-1 fast path (argmax) returns what the general top-k path returns first."""
+    rng = np.random.default_rng(0)
+    logprobs = rng.standard_normal((64, 1000)).astype(np.float32)
+    chosen = rng.integers(0, 1000, 64)
+    one, three = gather_logprobs(logprobs, chosen, 1), gather_logprobs(logprobs, chosen, 3)
+    np.testing.assert_array_equal(one.token_ids, three.token_ids[:, :2])
+    np.testing.assert_array_equal(one.logprobs, three.logprobs[:, :2])
+    np.testing.assert_array_equal(one.ranks, three.ranks)
+    np.testing.assert_array_equal(one.token_ids[:, 1], logprobs.argmax(axis=-1))

@@ -7,6 +7,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 
+@dataclass(frozen=True)
+class BlockPromptLogprobs:
+    """Prompt logprobs of one cached block's positions, kept with the KV they were computed beside.
+
+    Row ``j`` is what position ``j`` of the block predicts (the next token's logprob, its rank
+    and the top ``num_logprobs``), so it depends only on the block's hash chain, except for the
+    last row's chosen token, which is the first token of the *next* block: a hit checks it.
+    """
+
+    num_logprobs: int
+    token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    ranks: list[int]
+
+
 @dataclass(eq=False)
 class KVCacheBlock:
     """One block of ``block_size`` token slots in every layer's cache."""
@@ -15,6 +30,11 @@ class KVCacheBlock:
     ref_cnt: int = 0
     # Hash of the full block's tokens (chained with its prefix) while it is in the prefix cache.
     block_hash: int | None = None
+    # The block's prompt logprobs, when a request that asked for them computed it (None: unknown).
+    prompt_logprobs: BlockPromptLogprobs | None = None
+    # A running request asking for prompt logprobs is computing this block: they will be here
+    # after its step, so a request that needs them waits a step rather than recomputing the block.
+    prompt_logprobs_pending: bool = False
 
 
 class BlockPool:
@@ -61,6 +81,9 @@ class BlockPool:
             if self.cached_block_hash_to_block.get(block.block_hash) is block:
                 del self.cached_block_hash_to_block[block.block_hash]
             block.block_hash = None
+        # New content: the old prompt logprobs describe tokens that are gone.
+        block.prompt_logprobs = None
+        block.prompt_logprobs_pending = False
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Take a reference on blocks found in the prefix cache (they may be sitting free)."""
@@ -96,5 +119,7 @@ class BlockPool:
             return False
         for block in self.blocks:
             block.block_hash = None
+            block.prompt_logprobs = None
+            block.prompt_logprobs_pending = False
         self.cached_block_hash_to_block.clear()
         return True

@@ -1,14 +1,44 @@
-"""Per-request KV block tables on top of the block pool, with prefix-cache lookups."""
+"""Per-request KV block tables on top of the block pool, with prefix-cache lookups.
+
+Requests asking for prompt logprobs (lm-eval's loglikelihood: ``echo`` + ``logprobs``)
+need a logprob for every prompt token, including the ones whose KV a cache hit would
+skip. The logprobs a position predicts depend only on the tokens up to it, i.e. on the
+block's hash chain, so they are kept with the cached block (``BlockPromptLogprobs``)
+when a request computes them, and a later request with the same prefix and the same
+``prompt_logprobs`` reuses the block and its logprobs: the values are the ones computed
+then, exactly. The last row of a block predicts the next block's first token, which the
+hash does not cover: a hit checks it against the request's own token.
+"""
 
 from __future__ import annotations
 
-from fastdeploy.engine.kv_cache.block_pool import BlockPool, KVCacheBlock
+from dataclasses import dataclass, field
+
+from fastdeploy.engine.kv_cache.block_pool import BlockPool, BlockPromptLogprobs, KVCacheBlock
 from fastdeploy.engine.kv_cache.kv_cache_utils import update_block_hashes
-from fastdeploy.engine.request import Request
+from fastdeploy.engine.request import LogprobsLists, Request
+
+# Prompt logprobs up to this many top-k per position are kept with cached blocks (vLLM's
+# default max_logprobs); a request asking for more (or -1, the whole vocabulary) skips the cache.
+MAX_CACHED_PROMPT_LOGPROBS = 20
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+@dataclass
+class _PromptLogprobRows:
+    """The rows a request computed that are not yet stored with a full block, from position ``first``."""
+
+    first: int
+    token_ids: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[float]] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.ranks)
 
 
 class KVCacheManager:
@@ -23,6 +53,8 @@ class KVCacheManager:
         self.num_cached_block: dict[str, int] = {}
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        # Per request asking for prompt logprobs: computed rows waiting for their block to fill.
+        self._prompt_logprob_rows: dict[str, _PromptLogprobRows] = {}
 
     @property
     def usage(self) -> float:
@@ -35,22 +67,99 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest run of the request's full blocks already in the cache, and its token count.
 
-        The last token is never taken from the cache: its logits are needed.
+        The last token is never taken from the cache: its logits are needed. A request that
+        still owes prompt logprobs only takes blocks that carry them (see the module doc).
         """
-        # Prompt logprobs need every prompt position computed, so such requests skip the cache (as vLLM).
-        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
+        if not self.enable_caching:
+            return [], 0
+        k = self.needs_prompt_logprobs(request)
+        if k is not None and k > MAX_CACHED_PROMPT_LOGPROBS:
+            # Too wide to keep with the blocks: every prompt position is computed (as vLLM does).
             return [], 0
         update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
-        for block_hash in request.block_hashes[:max_blocks]:
+        for i, block_hash in enumerate(request.block_hashes[:max_blocks]):
             block = self.block_pool.get_cached_block(block_hash)
-            if block is None:
+            if block is None or (k is not None and not self._has_prompt_logprobs(block, request, i, k)):
                 break
             hits.append(block)
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
+
+    def needs_prompt_logprobs(self, request: Request) -> int | None:
+        """The request's ``prompt_logprobs`` (-1 counted as the whole vocabulary) while some are still owed."""
+        k = request.sampling_params.prompt_logprobs
+        if k is None or request.num_prompt_logprobs_sent >= request.num_prompt_tokens - 1:
+            return None
+        return k if k >= 0 else 1 << 30
+
+    def _has_prompt_logprobs(self, block: KVCacheBlock, request: Request, index: int, k: int) -> bool:
+        """Whether ``block`` (the request's ``index``-th) carries this request's prompt logprobs."""
+        lp = block.prompt_logprobs
+        # The last row's chosen token is the next block's first token: the hash does not cover it.
+        return lp is not None and lp.num_logprobs == k and lp.token_ids[-1][0] == request.all_token_ids[
+            (index + 1) * self.block_size]
+
+    def prompt_logprobs_pending(self, request: Request) -> bool:
+        """Whether the request's next cacheable block is still being computed by a request that
+        will leave its prompt logprobs there: waiting one step then beats recomputing it."""
+        k = self.needs_prompt_logprobs(request)
+        if not self.enable_caching or k is None or k > MAX_CACHED_PROMPT_LOGPROBS:
+            return False
+        update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        for i, block_hash in enumerate(request.block_hashes[: (request.num_tokens - 1) // self.block_size]):
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                return False
+            if not self._has_prompt_logprobs(block, request, i, k):
+                return block.prompt_logprobs_pending
+        return False
+
+    def cached_prompt_logprobs(self, blocks: list[KVCacheBlock], first: int) -> LogprobsLists:
+        """The prompt logprobs kept with cache-hit ``blocks``, from position ``first`` on."""
+        bs = self.block_size
+        out = LogprobsLists([], [], [])
+        for i, block in enumerate(blocks):
+            lp = block.prompt_logprobs
+            assert lp is not None, "a prompt-logprobs hit on a block without them"
+            skip = max(first - i * bs, 0)
+            if skip >= bs:
+                continue
+            out.token_ids += lp.token_ids[skip:]
+            out.logprobs += lp.logprobs[skip:]
+            out.ranks += lp.ranks[skip:]
+        return out
+
+    def store_prompt_logprobs(self, request: Request, first: int, rows: LogprobsLists) -> None:
+        """Keep the rows a step computed (positions ``first``...) with the request's full cached blocks."""
+        k = request.sampling_params.prompt_logprobs
+        if not self.enable_caching or k is None or not 0 <= k <= MAX_CACHED_PROMPT_LOGPROBS or not rows.ranks:
+            return
+        buf = self._prompt_logprob_rows.get(request.request_id)
+        if buf is None or buf.end != first:
+            # The first rows, or a fresh run after a preemption: rows before ``first`` are not here.
+            buf = self._prompt_logprob_rows[request.request_id] = _PromptLogprobRows(first)
+        buf.token_ids += rows.token_ids
+        buf.logprobs += rows.logprobs
+        buf.ranks += rows.ranks
+        bs = self.block_size
+        i = cdiv(buf.first, bs)
+        # A block is complete once its last position's row (which predicts the next token) is here.
+        while (i + 1) * bs <= buf.end and i < len(request.block_hashes):
+            a, b = i * bs - buf.first, (i + 1) * bs - buf.first
+            # The block that lookups find by this hash: its KV is this request's, token for token.
+            block = self.block_pool.get_cached_block(request.block_hashes[i])
+            if block is not None:
+                block.prompt_logprobs = BlockPromptLogprobs(k, buf.token_ids[a:b], buf.logprobs[a:b],
+                                                            buf.ranks[a:b])
+                block.prompt_logprobs_pending = False
+            i += 1
+        done = i * bs - buf.first
+        if done > 0:
+            del buf.token_ids[:done], buf.logprobs[:done], buf.ranks[:done]
+            buf.first += done
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None,
@@ -86,8 +195,14 @@ class KVCacheManager:
         if num_full <= start:
             return
         update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        k = self.needs_prompt_logprobs(request)
+        # Prompt positions whose rows this request computes (the last prompt token predicts nothing).
+        owes = k is not None and k <= MAX_CACHED_PROMPT_LOGPROBS
         for i in range(start, num_full):
             self.block_pool.cache_block(blocks[i], request.block_hashes[i])
+            if owes and blocks[i].block_hash is not None and blocks[i].prompt_logprobs is None \
+                    and (i + 1) * self.block_size < request.num_prompt_tokens:
+                blocks[i].prompt_logprobs_pending = True
         self.num_cached_block[request.request_id] = num_full
 
     def get_block_ids(self, request_id: str) -> list[int]:
@@ -97,6 +212,10 @@ class KVCacheManager:
         """Release the request's blocks, tail first."""
         blocks = self.req_to_blocks.pop(request.request_id, [])
         self.num_cached_block.pop(request.request_id, None)
+        self._prompt_logprob_rows.pop(request.request_id, None)
+        for block in blocks:
+            # Whoever was computing their prompt logprobs is gone (finished, aborted, preempted).
+            block.prompt_logprobs_pending = False
         self.block_pool.free_blocks(reversed(blocks))
 
     def reset_prefix_cache(self) -> bool:

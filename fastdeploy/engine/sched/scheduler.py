@@ -186,6 +186,12 @@ class Scheduler:
             if request.num_computed_tokens > 0:
                 # The prompt's KV came from a prefill instance into blocks it already holds.
                 computed_blocks, num_computed = [], request.num_computed_tokens
+            elif kv.prompt_logprobs_pending(request):
+                # A request in this batch is computing the prefix and its prompt logprobs (lm-eval's
+                # choices of one question arrive together): take them from the cache next step.
+                self.waiting.popleft()
+                not_ready.append(request)
+                continue
             else:
                 computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_computed
@@ -199,6 +205,9 @@ class Scheduler:
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed
             request.num_computed_tokens = num_computed
+            if computed_blocks and kv.needs_prompt_logprobs(request) is not None:
+                request.cached_prompt_logprobs = kv.cached_prompt_logprobs(computed_blocks,
+                                                                           request.num_prompt_logprobs_sent)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             num_scheduled[request.request_id] = num_new
@@ -354,8 +363,8 @@ class Scheduler:
             request = self.requests.get(req_id)
             if request is None:  # aborted while the step ran
                 continue
+            prompt_lp = self._prompt_logprobs(request, runner_output.prompt_logprobs.get(req_id))
             request.num_computed_tokens += num_tokens
-            prompt_lp = runner_output.prompt_logprobs.get(req_id)
             new_token_ids = sampled.get(req_id)
             if new_token_ids is None:
                 if prompt_lp is not None:
@@ -396,6 +405,29 @@ class Scheduler:
                 )
             )
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+
+    def _prompt_logprobs(self, request: Request, rows: LogprobsLists | None) -> LogprobsLists | None:
+        """The prompt logprob rows to send for this step: cache-hit rows first, then the runner's.
+
+        The runner's rows start at the request's ``num_computed_tokens`` (before this step);
+        they are kept with the request's full blocks for later hits. Rows already sent (a run
+        after a preemption recomputes them) are dropped.
+        """
+        first = request.num_computed_tokens
+        if rows is not None:
+            self.kv_cache_manager.store_prompt_logprobs(request, first, rows)
+        cached, request.cached_prompt_logprobs = request.cached_prompt_logprobs, None
+        if cached is not None and cached.ranks:
+            first -= len(cached.ranks)
+            rows = cached if rows is None else LogprobsLists(cached.token_ids + rows.token_ids,
+                                                             cached.logprobs + rows.logprobs, cached.ranks + rows.ranks)
+        if rows is None:
+            return None
+        skip = request.num_prompt_logprobs_sent - first
+        if skip > 0:
+            rows = LogprobsLists(rows.token_ids[skip:], rows.logprobs[skip:], rows.ranks[skip:])
+        request.num_prompt_logprobs_sent = max(request.num_prompt_logprobs_sent, first + len(rows.ranks) + max(skip, 0))
+        return rows if rows.ranks else None
 
     def _check_stop(self, request: Request) -> None:
         sp = request.sampling_params
