@@ -10,9 +10,6 @@ FD_CPU_KERNELS          "0" turns the C++ kernels (csrc/cpu) off: plain Paddle o
 FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (default: its own cores when it has
                         fewer threads than there are cores, the API process keeps the rest), "nobind", or a core
                         list such as "1" or "2-3"; VLLM_CPU_OMP_THREADS_BIND too (fastdeploy/platforms/cpu_binding.py).
-FD_CPU_WIDE_STEP_TOKENS when the engine is pinned to fewer cores than the server may use: a step of at least
-                        this many tokens (a prefill) runs on every core while the API process sleeps
-                        (default 128; 0 keeps every step on the engine's cores; fastdeploy/platforms/cpu_binding.py).
 FD_KV_TRANSFER_TIMEOUT  seconds a prefill instance keeps a request's KV blocks for its decode instance, and a
                         decode instance waits for them (default 120); VLLM_NIXL_ABORT_REQUEST_TIMEOUT too.
 FD_MAX_N_SEQUENCES      the largest ``n`` / beam width a request may ask for (default 16384);
@@ -24,8 +21,6 @@ Variables of other tools that FastDeploy reads:
 OMP_NUM_THREADS         compute threads. ``import fastdeploy`` sets it, before Paddle is imported (Paddle would
                         force 1), to the cores this process may run on unless the user set it; the API server
                         then gives the engine process one core less (fastdeploy/engine/core_client.py).
-OMP_WAIT_POLICY         the user's wins; else the engine process gets PASSIVE when its steps may widen to every core
-                        (FD_CPU_WIDE_STEP_TOKENS).
 CXX                     the C++ compiler that builds csrc/cpu (default ``c++``).
 PYTHONPATH              kept, after the source tree, for the process that builds the kernels.
 OPENAI_API_KEY          API key of ``fastdeploy chat|complete`` and ``fastdeploy bench serve`` (a client's key).
@@ -92,11 +87,6 @@ def cpu_kernels_enabled() -> bool:
     return _first("FD_CPU_KERNELS", default="1") not in ("0", "false", "False", "off")
 
 
-def cpu_wide_step_tokens() -> int:
-    """FD_CPU_WIDE_STEP_TOKENS: steps of this many tokens run on every core while the API process sleeps (128)."""
-    return _int("FD_CPU_WIDE_STEP_TOKENS", default=128)
-
-
 def cpu_omp_threads_bind() -> str:
     """FD_CPU_OMP_THREADS_BIND (or VLLM_CPU_OMP_THREADS_BIND): the engine's cores (auto)."""
     return _first("FD_CPU_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND", default="auto") or "auto"
@@ -139,11 +129,6 @@ def max_num_bad_words() -> int:
 def omp_num_threads() -> str | None:
     """OMP_NUM_THREADS as it is now (None when unset; set by ``import fastdeploy`` unless the user did)."""
     return os.environ.get("OMP_NUM_THREADS")
-
-
-def omp_wait_policy() -> str | None:
-    """OMP_WAIT_POLICY as set by the user (None when unset)."""
-    return os.environ.get("OMP_WAIT_POLICY")
 
 
 def default_omp_num_threads() -> int:

@@ -96,20 +96,13 @@ class EngineCoreClient:
             env = {"OMP_NUM_THREADS": str(threads)}
         # Where the engine computes and the API process runs (the API side is applied by the server).
         self.cpu_binding = plan_cpu_binding(threads)
-        wide_cores = None
-        if self.cpu_binding is not None and self.cpu_binding.api and envs.cpu_wide_step_tokens() > 0:
-            # Long steps may take the API process's cores too (cpu_binding.WideSteps); idle OpenMP
-            # threads must then sleep, not spin on the cores the API process and the other runtime need.
-            wide_cores = self.cpu_binding.engine | self.cpu_binding.api
-            if envs.omp_wait_policy() is None:
-                env["OMP_WAIT_POLICY"] = "PASSIVE"
         ready_reader, ready_writer = multiprocessing.Pipe(duplex=False)
         mp = multiprocessing.get_context("spawn")
         self.proc = mp.Process(
             target=EngineCoreProc.run_engine_core,
             name="EngineCore",
             args=(fd_config, input_address, output_address, ready_writer, os.getpid(), engine_core_cls,
-                  self.cpu_binding.engine if self.cpu_binding else None, wide_cores),
+                  self.cpu_binding.engine if self.cpu_binding else None),
             daemon=True,
         )
         with envs.child_environment(env):

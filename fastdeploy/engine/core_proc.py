@@ -17,7 +17,6 @@ from typing import Any
 
 import zmq
 
-from fastdeploy import envs
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.core_messages import (
     UTILITY_METHODS,
@@ -34,7 +33,7 @@ from fastdeploy.engine.core_messages import (
 from fastdeploy.engine.global_scheduler.bridge import BridgeMessage, CoreEndpoint, GlobalSchedulerBridge
 from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from fastdeploy.logger import init_logger
-from fastdeploy.platforms.cpu_binding import CpuBinding, WideSteps, bind_process
+from fastdeploy.platforms.cpu_binding import bind_process
 
 logger = init_logger(__name__)
 
@@ -79,13 +78,11 @@ class EngineCoreProc:
     @staticmethod
     def run_engine_core(fd_config: FDConfig, input_address: str, output_address: str, ready_conn: Connection,
                         parent_pid: int, engine_core_cls: str | None = None,
-                        cpu_cores: frozenset[int] | None = None,
-                        wide_cores: frozenset[int] | None = None) -> None:
+                        cpu_cores: frozenset[int] | None = None) -> None:
         """Target of the engine core process: build the core, report ready, loop until told to stop.
 
         ``cpu_cores``: the cores to compute on (fastdeploy/platforms/cpu_binding.py), set before any
-        OpenMP thread starts so that every one of them inherits it. ``wide_cores``: the cores a
-        step with many tokens may use while the API process sleeps (cpu_binding.WideSteps).
+        OpenMP thread starts so that every one of them inherits it.
         """
         if cpu_cores:
             bind_process(cpu_cores, "EngineCore")
@@ -100,11 +97,6 @@ class EngineCoreProc:
                 # Before the model loads, so an unreachable Redis fails the start at once.
                 bridge = GlobalSchedulerBridge.from_config(fd_config)
                 core = _load_class(engine_core_cls or DEFAULT_ENGINE_CORE_CLS)(fd_config)
-                if cpu_cores and wide_cores and hasattr(core, "wide_steps"):
-                    # After the model loaded: the kernels' OpenMP runtime is in the process now.
-                    core.wide_steps = WideSteps(CpuBinding(cpu_cores, wide_cores - cpu_cores),
-                                                int(envs.omp_num_threads() or len(cpu_cores)),
-                                                envs.cpu_wide_step_tokens(), parent_pid)
             except BaseException as e:
                 if bridge is not None:
                     bridge.close()

@@ -3,12 +3,11 @@
 import os
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
-from fastdeploy.platforms.cpu_binding import bind_process, parse_core_list, plan_cpu_binding
+from fastdeploy.platforms.cpu_binding import parse_core_list, plan_cpu_binding
 from tests.entrypoints.openai.remote_server import DEFAULT_SERVER_ARGS, RemoteOpenAIServer
 
 
@@ -75,32 +74,3 @@ def test_a_bad_binding_stops_the_server_with_a_clear_message():
     )
     assert out.returncode != 0
     assert "FD_CPU_OMP_THREADS_BIND must be" in out.stdout + out.stderr
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_long_steps_widen_to_every_core_only_while_the_api_process_sleeps():
-    import paddle  # noqa: F401  (loads Paddle's OpenMP runtime, whose thread count the steps set)
-
-    from fastdeploy.platforms.cpu_binding import CpuBinding, WideSteps, _omp_set_num_threads_functions
-
-    assert _omp_set_num_threads_functions()
-    before = os.sched_getaffinity(0)
-    api_core, engine_core = sorted(before)[:2]
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.5)
-        steps = WideSteps(CpuBinding(frozenset({engine_core}), frozenset({api_core})), 1, 128, sleeper.pid)
-        steps.for_step(4)  # a decode step stays on the engine's core
-        assert not steps.wide
-        steps.for_step(600)  # a prefill while the API process sleeps takes both
-        assert steps.wide and os.sched_getaffinity(0) == {api_core, engine_core}
-        steps.for_step(1)
-        assert not steps.wide and os.sched_getaffinity(0) == {engine_core}
-        steps.api_pid = spinner.pid  # the API process is busy: its core is left to it
-        steps.for_step(600)
-        assert not steps.wide and os.sched_getaffinity(0) == {engine_core}
-    finally:
-        sleeper.kill()
-        spinner.kill()
-        bind_process(frozenset(before), None)
