@@ -11,8 +11,6 @@ from fastdeploy.model_executor.layers.sampler import (
     inverse_cdf_sample,
     log_softmax,
     seen_token_counts,
-    top_k_candidates_from_logits,
-    top_k_top_p_candidates,
 )
 
 V = 50
@@ -241,32 +239,6 @@ def test_seeded_row_does_not_depend_on_other_rows_settings():
         alone = run([3], [own[0]], [own[1]], [own[2]])
         mixed = run([0, 1, 3], [5, 0, own[0]], [0.5, 1.0, own[1]], [0.2, 0.0, own[2]])
         assert alone == mixed
-
-
-def test_top_k_rows_ranked_on_logits_keep_what_the_full_row_path_keeps():
-    """Ranking top-k candidates on the raw logits (no full-row exp) gives the full path's tokens and weights."""
-    rng = np.random.default_rng(7)
-    n, vocab = 12, 5000
-    logits = (rng.standard_normal((n, vocab)) * 3).astype(np.float32)
-    logits[0, rng.choice(vocab, 4000, replace=False)] = -np.inf  # masked tokens are never candidates
-    top_k = rng.integers(1, 300, n)
-    top_k[3] = 4999
-    inv_t = (1.0 / rng.uniform(0.3, 1.5, n)).astype(np.float32)
-    min_p = np.where(rng.random(n) < 0.5, 0.0, 0.2).astype(np.float32)
-    top_p = np.where(rng.random(n) < 0.5, 1.0, rng.uniform(0.3, 0.95, n)).astype(np.float32)
-    ids, kept = top_k_candidates_from_logits(logits.copy(), top_k, inv_t, min_p, top_p)
-
-    probs = np.exp((logits - logits.max(axis=-1, keepdims=True)) * inv_t[:, None])
-    np.putmask(probs, probs < min_p[:, None], 0.0)
-    rows, ref_ids, ref_kept = top_k_top_p_candidates(probs, top_k, top_p)
-    assert rows.tolist() == list(range(n))
-    uniform = rng.random(n)
-    for i in range(n):
-        ours = {int(t): float(w) for t, w in zip(ids[i], kept[i], strict=True) if w > 0}
-        ref = {int(t): float(w) for t, w in zip(ref_ids[i], ref_kept[i], strict=True) if w > 0}
-        assert ours == ref, f"row {i}"
-    np.testing.assert_array_equal(ids[np.arange(n), inverse_cdf_sample(kept, uniform)],
-                                  ref_ids[np.arange(n), inverse_cdf_sample(ref_kept, uniform)])
 
 
 def test_gather_logprobs_top1_is_the_first_of_the_top_k():

@@ -37,7 +37,6 @@ _STRIDE_MARGIN = 8
 # row costs one pass (the block sums) instead of a full-vocabulary cumulative sum.
 _CDF_BLOCK = 256
 _SMALLEST_POSITIVE = np.nextafter(np.float32(0), np.float32(1))
-_LOWEST_FINITE = float(np.finfo(np.float32).min)
 
 
 @dataclass
@@ -179,49 +178,26 @@ class Sampler:
         return logits
 
     def sample_random(self, logits: np.ndarray, md: SamplingMetadata, rows: np.ndarray) -> np.ndarray:
-        """Tokens for ``rows`` (the random rows, ascending), reusing ``logits`` as scratch space.
-
-        Rows with a top-k rank their candidates on the logits (:func:`top_k_candidates_from_logits`);
-        the others take the full-row path (probabilities of every token, then top-p if set).
-        """
+        """Tokens for ``rows`` (the random rows, ascending), reusing ``logits`` as scratch space."""
+        probs = logits if len(rows) == len(logits) else logits[rows]
+        # Unnormalised probabilities exp((l - max) / t): the row maximum is 1, which makes min_p a
+        # plain threshold, and nothing downstream needs them normalised.
+        probs -= probs.max(axis=-1, keepdims=True)
+        probs *= (1.0 / md.temperature[rows]).astype(np.float32)[:, None]
+        np.exp(probs, out=probs)
+        if md.min_p is not None:
+            np.putmask(probs, probs < md.min_p[rows, None], 0.0)
         uniform = self._rng.random(len(rows))
         for pos, gen in md.generators.items():
             local = np.searchsorted(rows, pos)
             if local < len(rows) and rows[local] == pos:
                 uniform[local] = gen.random()
-        inv_temperature = (1.0 / md.temperature[rows]).astype(np.float32)
-        vocab = logits.shape[-1]
-        ranked = (np.zeros(len(rows), dtype=bool) if md.top_k is None
-                  else (md.top_k[rows] > 0) & (md.top_k[rows] < vocab))
-        out = np.empty(len(rows), dtype=np.int64)
-        if ranked.any():
-            r = rows[ranked]
-            sub = logits if len(r) == len(logits) else logits[r]
-            ids, kept = top_k_candidates_from_logits(
-                sub, md.top_k[r], inv_temperature[ranked], None if md.min_p is None else md.min_p[r],
-                None if md.top_p is None else md.top_p[r])
-            out[ranked] = ids[np.arange(len(r)), inverse_cdf_sample(kept, uniform[ranked])]
-        if not ranked.all():
-            rest = ~ranked
-            out[rest] = self._sample_full_rows(logits, md, rows[rest], inv_temperature[rest], uniform[rest])
-        return out
-
-    @staticmethod
-    def _sample_full_rows(logits: np.ndarray, md: SamplingMetadata, rows: np.ndarray, inv_temperature: np.ndarray,
-                          uniform: np.ndarray) -> np.ndarray:
-        """Rows without a top-k: the probabilities of every token, min_p, top-p, then one inverse-CDF draw."""
-        probs = logits if len(rows) == len(logits) else logits[rows]
-        # Unnormalised probabilities exp((l - max) / t): the row maximum is 1, which makes min_p a
-        # plain threshold, and nothing downstream needs them normalised.
-        probs -= probs.max(axis=-1, keepdims=True)
-        probs *= inv_temperature[:, None]
-        np.exp(probs, out=probs)
-        if md.min_p is not None:
-            np.putmask(probs, probs < md.min_p[rows, None], 0.0)
         out = np.empty(len(rows), dtype=np.int64)
         full = np.ones(len(rows), dtype=bool)
-        if md.top_p is not None:
-            trunc, cand_ids, cand_probs = top_k_top_p_candidates(probs, None, md.top_p[rows])
+        if md.top_k is not None or md.top_p is not None:
+            top_k = None if md.top_k is None else md.top_k[rows]
+            top_p = None if md.top_p is None else md.top_p[rows]
+            trunc, cand_ids, cand_probs = top_k_top_p_candidates(probs, top_k, top_p)
             if len(trunc):
                 picked = inverse_cdf_sample(cand_probs, uniform[trunc])
                 out[trunc] = cand_ids[np.arange(len(trunc)), picked]
@@ -324,107 +300,63 @@ def top_k_top_p_candidates(
     use_k = k > 0
     top_p_only = ~use_k & (p < 1.0)
     total = sub_probs.sum(axis=-1) if top_p_only.any() else None
-    # A margin over the mass top-p needs, so that rounding never cuts inside the candidates.
-    mass_needed = None if total is None else np.where(top_p_only, p * total * (1 + 1e-4), 0)
-    ids, vals = _ranked_candidates(sub_probs, np.where(use_k, k, min(_TOP_P_CANDIDATES, vocab)), k, mass_needed,
-                                   floor=_SMALLEST_POSITIVE, pad=0.0)
-    return rows, ids, _truncate(vals, k, p, total)
+    threshold = _candidate_threshold(sub_probs, np.where(use_k, k, min(_TOP_P_CANDIDATES, vocab)))
+    flat, counts, cand_mass = _candidates(sub_probs, threshold)
+    complete = threshold <= _SMALLEST_POSITIVE
+    enough = np.where(use_k, counts >= k, True)
+    if total is not None:
+        # A margin over the mass top-p needs, so that rounding never cuts inside the candidates.
+        enough &= ~top_p_only | (cand_mass >= p * total * (1 + 1e-4))
+    if not (complete | enough).all():
+        threshold = np.where(complete | enough, threshold, _SMALLEST_POSITIVE)
+        flat, counts, cand_mass = _candidates(sub_probs, threshold)
 
-
-def top_k_candidates_from_logits(
-    logits: np.ndarray, top_k: np.ndarray, inv_temperature: np.ndarray, min_p: np.ndarray | None,
-    top_p: np.ndarray | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`top_k_top_p_candidates` for rows that all have a top-k, ranked on the logits themselves.
-
-    Temperature, the softmax and min_p preserve the order of a row's tokens, so the top-k
-    candidates are found on the raw logits and only they are exponentiated, with exactly the
-    arithmetic of the full-row path (``exp((l - max) * (1 / t))``, then min_p on the result):
-    the same candidates and kept probabilities, without three passes over the vocabulary.
-
-    Returns:
-        ``(ids [N, C], kept [N, C])`` as :func:`top_k_top_p_candidates` gives them.
-    """
-    k = np.asarray(top_k, dtype=np.int64)
-    row_max = logits.max(axis=-1)
-    # -inf logits (masked tokens) have zero probability: never candidates.
-    ids, vals = _ranked_candidates(logits, k, k, None, floor=_LOWEST_FINITE, pad=-np.inf)
-    vals -= row_max[:, None]
-    vals *= inv_temperature[:, None]
-    np.exp(vals, out=vals)
-    if min_p is not None:
-        np.putmask(vals, vals < min_p[:, None], 0.0)
-    p = np.ones(len(k), dtype=np.float32) if top_p is None else np.asarray(top_p, dtype=np.float32)
-    return ids, _truncate(vals, k, p, None)
-
-
-def _ranked_candidates(scores: np.ndarray, target: np.ndarray, count_needed: np.ndarray,
-                       mass_needed: np.ndarray | None, floor: float, pad: float) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's best tokens by ``scores``, at least ``count_needed`` of them (and ``mass_needed`` of
-    ``scores`` summed, where given), as ``(ids, scores)`` tables ``[N, C]`` in decreasing order (ties: lower
-    id first), padded with ``pad``. Scores below ``floor`` are never candidates."""
-    vocab = scores.shape[-1]
-    threshold = _candidate_threshold(scores, target, floor)
-    flat, counts, cand_mass = _candidates(scores, threshold, mass_needed is not None)
-    enough = (threshold <= floor) | (counts >= count_needed)
-    if mass_needed is not None:
-        enough &= (threshold <= floor) | (cand_mass >= mass_needed)
-    if not enough.all():
-        threshold = np.where(enough, threshold, floor)
-        flat, counts, cand_mass = _candidates(scores, threshold, False)
-    # Candidates into a [N, C] table, sorted by decreasing score; the padding sorts last.
+    # Candidates into a [R, C] table, sorted by decreasing probability; the zero padding sorts last.
     r_f = flat // vocab
-    width = max(int(counts.max()), 1)
+    width = int(counts.max())
     rank = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
-    ids = np.zeros((len(scores), width), dtype=np.int64)
-    vals = np.full((len(scores), width), pad, dtype=scores.dtype)
+    ids = np.zeros((len(rows), width), dtype=np.int64)
+    vals = np.zeros((len(rows), width), dtype=probs.dtype)
     ids[r_f, rank] = flat - r_f * vocab
-    vals[r_f, rank] = scores.ravel()[flat]
+    vals[r_f, rank] = sub_probs.ravel()[flat]
     order = np.argsort(-vals, axis=-1, kind="stable")
-    return np.take_along_axis(ids, order, axis=-1), np.take_along_axis(vals, order, axis=-1)
+    ids = np.take_along_axis(ids, order, axis=-1)
+    vals = np.take_along_axis(vals, order, axis=-1)
 
-
-def _truncate(vals: np.ndarray, k: np.ndarray, p: np.ndarray, total: np.ndarray | None) -> np.ndarray:
-    """Zero the candidates past each row's top-k, then outside its top-p (smallest prefix reaching p).
-
-    top-p applies to the distribution left after top-k, as in vLLM; ``total`` is each row's full
-    mass for rows without top-k (None: every row has one). The first token always stays.
-    """
-    width = vals.shape[-1]
     col = np.arange(width)
-    use_k = k > 0
     vals = np.where(col < np.where(use_k, k, width)[:, None], vals, 0)
     if (p < 1.0).any():
+        # top-p applies to the distribution left after top-k: the smallest prefix whose mass
+        # reaches p (the first token always stays).
         cum = np.cumsum(vals, axis=-1)
         mass = cum[:, -1] if total is None else np.where(use_k, cum[:, -1], total)
         cum /= mass[:, None]
         cut = np.where(p < 1.0, (cum < p[:, None]).sum(axis=-1) + 1, width)
         vals = np.where(col < cut[:, None], vals, 0)
-    return vals
+    return rows, ids, vals
 
 
-def _candidate_threshold(scores: np.ndarray, target: np.ndarray, floor: float) -> np.ndarray:
+def _candidate_threshold(probs: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Per row, a value with (very likely) at least ``target`` tokens at or above it, from a strided sample."""
-    sample = scores[:, ::_STRIDE]
+    sample = probs[:, ::_STRIDE]
     m = sample.shape[-1]
     j = np.minimum(-(-target // _STRIDE) + _STRIDE_MARGIN, m)
     kth = m - j
     part = np.partition(sample, np.unique(kth), axis=-1)
-    threshold = part[np.arange(len(scores)), kth]
-    # Scores below the floor are never candidates; a row with fewer tokens above it keeps them all.
-    return np.maximum(threshold, floor)
+    threshold = part[np.arange(len(probs)), kth]
+    # Zero-probability tokens are never candidates; a row with fewer positive tokens keeps them all.
+    return np.maximum(threshold, _SMALLEST_POSITIVE)
 
 
-def _candidates(scores: np.ndarray, threshold: np.ndarray,
-                with_mass: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Flat indices (row-major) of the tokens at or above each row's threshold, their count (and mass) per row.
+def _candidates(probs: np.ndarray, threshold: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Flat indices (row-major) of the tokens at or above each row's threshold, their count and mass per row.
 
-    ``scores`` is C-contiguous, so a flat index addresses ``scores.ravel()`` without a copy.
+    ``probs`` is C-contiguous, so a flat index addresses ``probs.ravel()`` without a copy.
     """
-    flat = np.flatnonzero(scores >= threshold[:, None])
-    rows = flat // scores.shape[-1]
-    counts = np.bincount(rows, minlength=len(scores))
-    mass = np.bincount(rows, weights=scores.ravel()[flat], minlength=len(scores)) if with_mass else None
+    flat = np.flatnonzero(probs >= threshold[:, None])
+    rows = flat // probs.shape[-1]
+    counts = np.bincount(rows, minlength=len(probs))
+    mass = np.bincount(rows, weights=probs.ravel()[flat], minlength=len(probs))
     return flat, counts, mass
 
 
