@@ -50,3 +50,14 @@ def test_peak_rss_of_this_process():
 
     time.sleep(0.05)
     assert sampler.stop() > 0
+
+
+def test_servers_do_not_inherit_the_thread_count_fastdeploy_set(monkeypatch):
+    """``import fastdeploy`` sets OMP_NUM_THREADS; a server must not take it for the user's choice."""
+    import fastdeploy
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(fastdeploy, "USER_SET_OMP_NUM_THREADS", False)
+    assert "OMP_NUM_THREADS" not in compare_vllm.server_environment()
+    monkeypatch.setattr(fastdeploy, "USER_SET_OMP_NUM_THREADS", True)
+    assert compare_vllm.server_environment()["OMP_NUM_THREADS"] == "2"
