@@ -76,14 +76,7 @@ class KVCacheManager:
         if k is not None and k > MAX_CACHED_PROMPT_LOGPROBS:
             # Too wide to keep with the blocks: every prompt position is computed (as vLLM does).
             return [], 0
-        update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
-        max_blocks = (request.num_tokens - 1) // self.block_size
-        hits: list[KVCacheBlock] = []
-        for i, block_hash in enumerate(request.block_hashes[:max_blocks]):
-            block = self.block_pool.get_cached_block(block_hash)
-            if block is None or (k is not None and not self._has_prompt_logprobs(block, request, i, k)):
-                break
-            hits.append(block)
+        hits, _ = self._cached_run(request, k)
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size
@@ -108,14 +101,23 @@ class KVCacheManager:
         k = self.needs_prompt_logprobs(request)
         if not self.enable_caching or k is None or k > MAX_CACHED_PROMPT_LOGPROBS:
             return False
+        _, stopped_at = self._cached_run(request, k)
+        return stopped_at is not None and stopped_at.prompt_logprobs_pending
+
+    def _cached_run(self, request: Request, k: int | None) -> tuple[list[KVCacheBlock], KVCacheBlock | None]:
+        """The request's leading full blocks in the cache (with its prompt logprobs when ``k`` is set),
+        and the cached block that ended the run for lacking them (None: the run ended otherwise)."""
         update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        hits: list[KVCacheBlock] = []
+        # The last token is never taken from the cache: its logits are needed.
         for i, block_hash in enumerate(request.block_hashes[: (request.num_tokens - 1) // self.block_size]):
             block = self.block_pool.get_cached_block(block_hash)
             if block is None:
-                return False
-            if not self._has_prompt_logprobs(block, request, i, k):
-                return block.prompt_logprobs_pending
-        return False
+                return hits, None
+            if k is not None and not self._has_prompt_logprobs(block, request, i, k):
+                return hits, block
+            hits.append(block)
+        return hits, None
 
     def cached_prompt_logprobs(self, blocks: list[KVCacheBlock], first: int) -> LogprobsLists:
         """The prompt logprobs kept with cache-hit ``blocks``, from position ``first`` on."""
