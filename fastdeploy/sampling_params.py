@@ -31,6 +31,8 @@ _SAMPLING_EPS = 1e-5
 # Positive temperatures below this overflow the softmax, so vLLM raises them to it.
 _MAX_TEMP = 1e-2
 _LOGIT_BIAS_LIMIT = 100.0
+# Most ids one request may ask logprobs for with ``logprob_token_ids`` (vLLM's MAX_LOGPROB_TOKEN_IDS).
+MAX_LOGPROB_TOKEN_IDS = 128
 
 
 def _max_n_sequences() -> int:
@@ -216,6 +218,8 @@ class SamplingParams:
         min_tokens: Fewest tokens to generate before EOS / stop tokens are allowed.
         logprobs: Top logprobs returned per generated token (-1 = whole vocabulary).
         prompt_logprobs: Top logprobs returned per prompt token (-1 = whole vocabulary).
+        logprob_token_ids: Token ids whose logprobs are returned at every generated position,
+            with the sampled token's, instead of the top-k (``logprobs``, when also set, must be their count).
         detokenize: Produce text (otherwise only token ids).
         skip_special_tokens: Leave special tokens out of the text.
         spaces_between_special_tokens: Put spaces between special tokens in the text.
@@ -246,6 +250,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logprob_token_ids: list[int] | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -453,6 +458,7 @@ class SamplingParams:
                 parameter="prompt_logprobs",
                 value=self.prompt_logprobs,
             )
+        self._verify_logprob_token_ids()
         if self.truncate_prompt_tokens is not None and (
             self.truncate_prompt_tokens == 0 or self.truncate_prompt_tokens < -1
         ):
@@ -495,6 +501,27 @@ class SamplingParams:
                 value=self.bad_words,
             )
 
+    def _verify_logprob_token_ids(self) -> None:
+        """vLLM's checks of ``logprob_token_ids`` that need no model (the vocabulary range is checked by the engine)."""
+        ids = self.logprob_token_ids
+        if ids is None:
+            return
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise ParamValidationError(f"logprob_token_ids must be a list of integers, got {ids!r}.",
+                                       parameter="logprob_token_ids", value=ids)
+        if not ids:
+            raise ParamValidationError("`logprob_token_ids` must not be an empty list.",
+                                       parameter="logprob_token_ids", value=ids)
+        if len(ids) > MAX_LOGPROB_TOKEN_IDS:
+            raise ParamValidationError(
+                f"Requested logprob_token_ids of length {len(ids)}, which is greater than max allowed: "
+                f"{MAX_LOGPROB_TOKEN_IDS}", parameter="logprob_token_ids", value=len(ids))
+        if self.logprobs is not None and self.logprobs != len(ids):
+            raise ParamValidationError(
+                "When both logprobs and logprob_token_ids are set, logprobs must equal len(logprob_token_ids). "
+                f"Got logprobs={self.logprobs}, len(logprob_token_ids)={len(ids)}.",
+                parameter="logprob_token_ids", value=len(ids))
+
     def _verify_greedy_sampling(self) -> None:
         if self.n > 1:
             raise ParamValidationError(
@@ -511,6 +538,14 @@ class SamplingParams:
         if self.seed is not None:
             return SamplingType.RANDOM_SEED
         return SamplingType.RANDOM
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Logprobs returned per generated token besides the sampled one's, or None for none
+        (``len(logprob_token_ids)`` when only those are asked for), as in vLLM."""
+        if self.logprobs is not None:
+            return self.logprobs
+        return len(self.logprob_token_ids) if self.logprob_token_ids else None
 
     @property
     def eos_token_id(self) -> int | None:
@@ -551,6 +586,7 @@ class SamplingParams:
             f"min_tokens={self.min_tokens}, "
             f"logprobs={self.logprobs}, "
             f"prompt_logprobs={self.prompt_logprobs}, "
+            f"logprob_token_ids={self.logprob_token_ids}, "
             f"skip_special_tokens={self.skip_special_tokens}, "
             f"spaces_between_special_tokens={self.spaces_between_special_tokens}, "
             f"truncate_prompt_tokens={self.truncate_prompt_tokens}, "

@@ -133,6 +133,16 @@ def test_request_output_kind_values():
             {"prompt_logprobs": -5},
             "prompt_logprobs must be non-negative or -1, got -5.",
         ),
+        ({"logprob_token_ids": []}, "`logprob_token_ids` must not be an empty list."),
+        (
+            {"logprob_token_ids": list(range(129))},
+            "Requested logprob_token_ids of length 129, which is greater than max allowed: 128",
+        ),
+        (
+            {"logprob_token_ids": [1, 2], "logprobs": 3},
+            "When both logprobs and logprob_token_ids are set, logprobs must equal len(logprob_token_ids). "
+            "Got logprobs=3, len(logprob_token_ids)=2.",
+        ),
         ({"n": 0}, "n must be at least 1, got 0."),
         ({"n": 1.5}, "n must be an int, but is of type <class 'float'>"),
         (
@@ -194,6 +204,7 @@ def test_n_upper_bound(monkeypatch):
         {"logprobs": -1},
         {"prompt_logprobs": -1},
         {"logprobs": 0},
+        {"logprob_token_ids": [3, 1], "logprobs": 2},
         {"truncate_prompt_tokens": -1},
         {"truncate_prompt_tokens": 1},
         {"max_tokens": 1, "min_tokens": 1},
@@ -202,6 +213,12 @@ def test_n_upper_bound(monkeypatch):
 )
 def test_boundary_values_accepted(kwargs):
     SamplingParams(**kwargs)
+
+
+def test_num_logprobs_counts_the_ids_asked_for():
+    assert SamplingParams().num_logprobs is None
+    assert SamplingParams(logprobs=0).num_logprobs == 0
+    assert SamplingParams(logprob_token_ids=[5, 6, 7]).num_logprobs == 3
 
 
 # ---------------------------------------------------------------- normalisation

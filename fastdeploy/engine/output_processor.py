@@ -96,8 +96,8 @@ class RequestState:
         self.sent_text_len = 0
         self.sent_tokens = 0
         self.sent_logprobs = 0
-        self.logprobs: SampleLogprobs | None = [] if sp.logprobs is not None else None
-        self.cumulative_logprob: float | None = 0.0 if sp.logprobs is not None else None
+        self.logprobs: SampleLogprobs | None = [] if sp.num_logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if sp.num_logprobs is not None else None
         self.prompt_logprobs: PromptLogprobs | None = [None] if sp.prompt_logprobs is not None else None
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -111,11 +111,12 @@ class RequestState:
 
     def _logprob_dicts(self, lists: LogprobsLists) -> list[dict[int, Logprob]]:
         out = []
-        for ids, lps, rank in zip(lists.token_ids, lists.logprobs, lists.ranks, strict=True):
+        entry_ranks = lists.entry_ranks or [None] * len(lists.ranks)
+        for ids, lps, rank, ranks in zip(lists.token_ids, lists.logprobs, lists.ranks, entry_ranks, strict=True):
             texts = self.token_strings(ids) if self.token_strings is not None else [None] * len(ids)
             entry: dict[int, Logprob] = {ids[0]: Logprob(lps[0], rank, texts[0])}
             for r, (tid, lp, text) in enumerate(zip(ids[1:], lps[1:], texts[1:], strict=True), start=1):
-                entry.setdefault(tid, Logprob(lp, r, text))
+                entry.setdefault(tid, Logprob(lp, r if ranks is None else ranks[r], text))
             out.append(entry)
         return out
 

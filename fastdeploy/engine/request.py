@@ -48,6 +48,9 @@ class LogprobsLists(msgspec.Struct, array_like=True):
     token_ids: list[list[int]]
     logprobs: list[list[float]]
     ranks: list[int]  # rank of the chosen token in each row
+    # Rank of every entry of each row, when the entries after the chosen token are not the top-k
+    # in order (vLLM's logprob_token_ids); None: they rank 1..k by position.
+    entry_ranks: list[list[int]] | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):

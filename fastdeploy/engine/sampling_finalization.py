@@ -121,7 +121,7 @@ def update_from_tokenizer(params: SamplingParams, tokenizer: Any, vocab_size: in
     verify_token_ids(params, vocab_size if vocab_size is not None else max_token_id + 1)
 
 def verify_token_ids(params: SamplingParams, vocab_size: int) -> None:
-    """Check ``allowed_token_ids``, ``logit_bias`` and ``stop_token_ids`` lie in ``[0, vocab_size)``."""
+    """Check ``allowed_token_ids``, ``logit_bias``, ``stop_token_ids`` and ``logprob_token_ids`` lie in ``[0, vocab_size)``."""
     if params.allowed_token_ids is not None:
         if len(params.allowed_token_ids) == 0:
             raise ParamValidationError(
@@ -136,7 +136,7 @@ def verify_token_ids(params: SamplingParams, vocab_size: int) -> None:
                 parameter="allowed_token_ids",
                 value=invalid,
             )
-    for name in ("logit_bias", "stop_token_ids"):
+    for name in ("logit_bias", "stop_token_ids", "logprob_token_ids"):
         ids = getattr(params, name)
         if not ids:
             continue

@@ -100,6 +100,7 @@ class InputBatch:
         self.generators: dict[int, np.random.Generator] = {}
         self.logit_bias = RowTokenTable()
         self.allowed_token_ids = RowTokenTable()
+        self.logprob_token_ids = RowTokenTable()
         self.min_tokens_stop_ids = RowTokenTable()
         self.bad_words = BadWordsTable()
         # Penalties: seen_counts[row, token] is 0 for a token the row has not seen, else 1 + how often
@@ -153,7 +154,9 @@ class InputBatch:
             self.seen_counts[row, ids] = counts + 1
             self.seen_ids[row, : len(ids)] = ids
             self.num_seen[row] = len(ids)
-        self.num_logprobs[row] = self._num_logprobs(sp.logprobs)
+        self.num_logprobs[row] = self._num_logprobs(sp.num_logprobs)
+        if sp.logprob_token_ids:
+            self.logprob_token_ids.set(row, np.asarray(sp.logprob_token_ids, dtype=np.int64))
         self.num_prompt_logprobs[row] = self._num_logprobs(sp.prompt_logprobs)
         if generator is not None:
             self.generators[row] = generator
@@ -197,7 +200,8 @@ class InputBatch:
             self.num_seen[row] = 0
             self.has_penalty[row] = False
         self.generators.pop(row, None)
-        for table in (self.logit_bias, self.allowed_token_ids, self.min_tokens_stop_ids, self.bad_words):
+        for table in (self.logit_bias, self.allowed_token_ids, self.logprob_token_ids, self.min_tokens_stop_ids,
+                      self.bad_words):
             table.remove(row)
         self._free_rows.append(row)
 
@@ -246,6 +250,9 @@ class InputBatch:
             }
         max_lp = int(self.num_logprobs[rows].max())
         md.max_num_logprobs = max_lp if max_lp >= 0 else None
+        if self.logprob_token_ids:
+            found = self.logprob_token_ids.lookup(pos_of_row)
+            md.logprob_token_ids = None if found is None else found[:2]
         pen = self.has_penalty[rows]
         if pen.any():
             md.repetition_penalties = self.repetition_penalty[rows]

@@ -37,9 +37,11 @@ def _split_logprobs(
     """
     widths = (np.minimum(num_logprobs, vocab_size) + 1).tolist()
     starts = (ends - np.diff(ends, prepend=0)).tolist()
+    entry_ranks = arrays.entry_ranks
     return {
         req_id: LogprobsLists(
-            arrays.token_ids[a:b, :w].tolist(), arrays.logprobs[a:b, :w].tolist(), arrays.ranks[a:b].tolist()
+            arrays.token_ids[a:b, :w].tolist(), arrays.logprobs[a:b, :w].tolist(), arrays.ranks[a:b].tolist(),
+            None if entry_ranks is None else entry_ranks[a:b, :w].tolist(),
         )
         for req_id, a, b, w in zip(req_ids, starts, ends.tolist(), widths, strict=True)
     }
@@ -189,7 +191,7 @@ class ModelRunner:
             with_lp = np.flatnonzero(k >= 0)
             lp = result.logprobs
             if len(with_lp) < len(k):
-                lp = LogprobsArrays(lp.token_ids[with_lp], lp.logprobs[with_lp], lp.ranks[with_lp])
+                lp = lp.take(with_lp)
             out.logprobs = _split_logprobs(
                 lp, [s_req_ids[j] for j in with_lp.tolist()], np.arange(1, len(with_lp) + 1), k[with_lp],
                 self.vocab_size,

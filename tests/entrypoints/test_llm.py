@@ -129,6 +129,24 @@ def test_logprobs_and_prompt_logprobs(smol_llm):
         assert tok in lp and 2 <= len(lp) <= 3
 
 
+def test_logprob_token_ids(smol_llm):
+    """vLLM's SamplingParams.logprob_token_ids: each position has the sampled token and exactly the ids asked
+    for, with their logprobs and ranks over the whole vocabulary (checked against a whole-vocabulary run)."""
+    prompt = {"prompt_token_ids": [504, 3575, 282, 4649, 314]}
+    asked = [100, 1000, 5000]
+    c = smol_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=3, logprob_token_ids=asked),
+                          use_tqdm=False)[0].outputs[0]
+    full = smol_llm.generate(prompt, SamplingParams(temperature=0, max_tokens=3, logprobs=20),
+                             use_tqdm=False)[0].outputs[0]
+    assert c.token_ids == full.token_ids and len(c.logprobs) == 3
+    for tok, lp, ref in zip(c.token_ids, c.logprobs, full.logprobs, strict=True):
+        assert list(lp) == [tok, *asked]
+        assert lp[tok].rank == 1 and lp[tok].logprob == pytest.approx(ref[tok].logprob, abs=1e-5)
+        assert all(lp[t].rank > 20 and lp[t].logprob < min(r.logprob for r in ref.values()) for t in asked)
+        assert lp[asked[0]].decoded_token == smol_llm.get_tokenizer().decode([asked[0]])
+    assert c.cumulative_logprob == pytest.approx(full.cumulative_logprob, abs=1e-4)
+
+
 def test_min_tokens_bad_words_and_penalties(smol_llm):
     chat = [{"role": "user", "content": "Say OK."}]
     short = smol_llm.chat(chat, SamplingParams(temperature=0, max_tokens=30), use_tqdm=False)[0].outputs[0]

@@ -104,6 +104,27 @@ def test_logprobs_rank_and_topk_include_chosen():
     assert full.token_ids.shape == (2, V + 1)
 
 
+def test_logprob_token_ids_replace_the_top_k_of_their_rows_only():
+    """vLLM's logprob_token_ids: a row gets the sampled token then the ids it asked for, in its order,
+    each with its true rank; the other rows keep their top-k."""
+    x = logits(3, seed=4)
+    lp = log_softmax(x)
+    md = SamplingMetadata(temperature=np.zeros(3, np.float32), all_greedy=True, max_num_logprobs=3,
+                          logprob_token_ids=(np.array([0, 0, 2, 2, 2]), np.array([7, 3, 11, 0, 40])))
+    res = Sampler()(x, md).logprobs
+    chosen = lp.argmax(-1)
+    for row, asked in ((0, [7, 3]), (2, [11, 0, 40])):
+        assert res.token_ids[row, 0] == chosen[row]
+        assert res.token_ids[row, 1:1 + len(asked)].tolist() == asked
+        np.testing.assert_allclose(res.logprobs[row, 1:1 + len(asked)], lp[row, asked])
+        assert res.entry_ranks[row, 1:1 + len(asked)].tolist() == [int((lp[row] > lp[row, t]).sum()) + 1
+                                                                    for t in asked]
+    top = gather_logprobs(lp, chosen, 3)
+    np.testing.assert_array_equal(res.token_ids[1], top.token_ids[1])
+    assert res.entry_ranks[1].tolist() == [1, 1, 2, 3]
+    assert res.entry_ranks[:, 0].tolist() == top.ranks.tolist() == [1, 1, 1]
+
+
 # ---- the vectorized paths against straightforward per-row references -----------------------
 def reference_processors(x, allowed, blocked, bias, penalties):
     """Per row, as a plain loop: allowed ids, blocked ids, logit bias, then penalties."""

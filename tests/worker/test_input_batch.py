@@ -118,3 +118,17 @@ def test_logprob_counts_and_generators_come_from_the_rows():
     md = batch.make_sampling_metadata(np.array([batch.req_id_to_index["b"], batch.req_id_to_index["a"]]))
     assert md.max_num_logprobs == VOCAB and md.generators == {1: gen} and not md.all_greedy
     assert batch.make_sampling_metadata(np.array([batch.req_id_to_index["a"]])).max_num_logprobs == 3
+
+
+def test_logprob_token_ids_come_from_the_rows_in_the_order_asked():
+    batch = InputBatch(max_num_reqs=4, max_model_len=32, max_num_blocks_per_req=2, vocab_size=VOCAB)
+    batch.add_request("a", [1], 1, 1, [], SamplingParams(temperature=0.0, logprobs=1))
+    batch.add_request("b", [1], 1, 1, [], SamplingParams(temperature=0.0, logprob_token_ids=[9, 2, 5]))
+    a, b = batch.req_id_to_index["a"], batch.req_id_to_index["b"]
+    md = batch.make_sampling_metadata(np.array([b, a]))
+    # The row's width is its id count, so the ids fit the step's top-k columns.
+    assert md.max_num_logprobs == 3
+    assert md.logprob_token_ids[0].tolist() == [0, 0, 0] and md.logprob_token_ids[1].tolist() == [9, 2, 5]
+    assert batch.make_sampling_metadata(np.array([a])).logprob_token_ids is None
+    batch.remove_request("b")
+    assert batch.make_sampling_metadata(np.array([a])).logprob_token_ids is None and not batch.logprob_token_ids

@@ -55,6 +55,9 @@ class SamplingMetadata:
     generators: dict[int, np.random.Generator] = field(default_factory=dict)
     # None: no logprobs this step; -1 or >= vocab: the whole vocabulary.
     max_num_logprobs: int | None = None
+    # (rows, token ids), grouped by row in the order asked: rows returning the logprobs of these
+    # ids (vLLM's logprob_token_ids) instead of their top-k.
+    logprob_token_ids: tuple[np.ndarray, np.ndarray] | None = None
     # Penalties [S] (None: no row is penalised) and, for the penalised rows, every (row, token)
     # pair the row has seen in its prompt or output with how often it generated it (0 = prompt only).
     presence_penalties: np.ndarray | None = None
@@ -78,11 +81,19 @@ class SamplingMetadata:
 
 @dataclass
 class LogprobsArrays:
-    """Chosen token first, then the top-k, per row."""
+    """Chosen token first, then the top-k (or the ids the row asked for), per row."""
 
     token_ids: np.ndarray  # [S, k + 1] int64
     logprobs: np.ndarray  # [S, k + 1] float32
     ranks: np.ndarray  # [S] int64, rank of the chosen token (1 = best)
+    # [S, k + 1] int64, the rank of every entry: only when some row asked for specific ids (the
+    # top-k of the other rows rank 1..k by position, which is what a missing table means).
+    entry_ranks: np.ndarray | None = None
+
+    def take(self, rows: np.ndarray) -> LogprobsArrays:
+        """These rows only."""
+        return LogprobsArrays(self.token_ids[rows], self.logprobs[rows], self.ranks[rows],
+                              None if self.entry_ranks is None else self.entry_ranks[rows])
 
 
 @dataclass
@@ -129,6 +140,25 @@ def gather_logprobs(logprobs: np.ndarray, token_ids: np.ndarray, num_logprobs: i
     return LogprobsArrays(ids.astype(np.int64), lps.astype(np.float32), ranks.astype(np.int64))
 
 
+def requested_logprobs(logprobs: np.ndarray, arrays: LogprobsArrays, rows: np.ndarray,
+                       token_ids: np.ndarray) -> LogprobsArrays:
+    """``arrays`` with the entries after the chosen token of ``rows`` replaced by ``token_ids``
+    (grouped by row, in the order asked) and their logprobs, every entry carrying its rank.
+
+    The rows' widths (their ``num_logprobs``) are their id counts, so the ids fit the top-k columns.
+    """
+    starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    cols = 1 + np.arange(len(rows)) - np.repeat(starts, np.diff(np.r_[starts, len(rows)]))
+    values = logprobs[rows, token_ids]
+    entry_ranks = np.tile(np.arange(arrays.token_ids.shape[1], dtype=np.int64), (len(arrays.ranks), 1))
+    entry_ranks[:, 0] = arrays.ranks
+    entry_ranks[rows, cols] = (logprobs[rows] > values[:, None]).sum(axis=-1) + 1
+    arrays.token_ids[rows, cols] = token_ids
+    arrays.logprobs[rows, cols] = values
+    arrays.entry_ranks = entry_ranks
+    return arrays
+
+
 class Sampler:
     """Samples one token per row from ``[S, vocab]`` fp32 logits."""
 
@@ -157,6 +187,8 @@ class Sampler:
             sampled[random_rows] = self.sample_random(logits, md, random_rows)
         sampled = sampled.astype(np.int64, copy=False)
         lp = None if raw_logprobs is None else gather_logprobs(raw_logprobs, sampled, md.max_num_logprobs)
+        if lp is not None and md.logprob_token_ids is not None:
+            lp = requested_logprobs(raw_logprobs, lp, *md.logprob_token_ids)
         return SamplerOutput(sampled, lp)
 
     @staticmethod
