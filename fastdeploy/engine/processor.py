@@ -125,9 +125,12 @@ class Processor:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def process_prompt(self, prompt: PromptType | ProcessedPrompt, *, truncate_prompt_tokens: int | None = None,
-                       add_special_tokens: bool = True, leave_room: bool = False) -> ProcessedPrompt:
-        """Tokenize (text prompts), keep the last ``truncate_prompt_tokens`` tokens (-1: as many as fit), check.
+                       truncation_side: str | None = None, add_special_tokens: bool = True,
+                       leave_room: bool = False) -> ProcessedPrompt:
+        """Tokenize (text prompts), keep ``truncate_prompt_tokens`` tokens (-1: as many as fit), check.
 
+        ``truncation_side``: "left" keeps the last tokens, "right" the first; None takes the
+        tokenizer's side, which is "left" unless the tokenizer was loaded otherwise (as in vLLM).
         ``leave_room``: the prompt must leave space for at least one generated token, with the
         OpenAI server's wording of the error (vLLM's); otherwise it may fill the context.
         """
@@ -138,7 +141,14 @@ class Processor:
                                                check_size=truncate_prompt_tokens is None)
         if truncate_prompt_tokens is not None:
             keep = self.model_config.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
-            token_ids = token_ids[-keep:] if keep else []
+            side = truncation_side or getattr(self.tokenizer, "truncation_side", None) or "left"
+            if side not in ("left", "right"):
+                raise ParamValidationError(f"truncation_side must be 'left' or 'right', got {side!r}.",
+                                           parameter="truncation_side", value=side)
+            if not keep:
+                token_ids = []
+            elif len(token_ids) > keep:
+                token_ids = token_ids[-keep:] if side == "left" else token_ids[:keep]
         self.validate_prompt(token_ids, leave_room=leave_room)
         return ProcessedPrompt(text, token_ids)
 
@@ -198,12 +208,7 @@ class Processor:
 
     def finalize_params(self, params: SamplingParams) -> SamplingParams:
         """Per-request copy with the model's EOS ids, tokenized bad words and checked logprob counts (once per request)."""
-        max_logprobs = self.model_config.max_logprobs
-        for name, value in (("sample", params.logprobs), ("prompt", params.prompt_logprobs)):
-            if value is not None and max_logprobs != -1 and value > max_logprobs:
-                raise ValueError(
-                    f"Requested {name} logprobs of {value}, which is greater than max allowed: {max_logprobs}"
-                )
+        self.validate_logprobs(params)
         params = params.clone()
         if params.structured_outputs is not None:
             self._validate_structured_outputs(params)
@@ -213,6 +218,19 @@ class Processor:
         else:
             verify_token_ids(params, self.model_config.vocab_size)
         return params
+
+    def validate_logprobs(self, params: SamplingParams) -> None:
+        """vLLM's --max-logprobs rule: -1 (the whole vocabulary) counts as the vocabulary size, so it is
+        refused unless the server allows that many (``--max-logprobs -1`` or at least the vocabulary)."""
+        vocab = self.model_config.vocab_size
+        max_logprobs = vocab if self.model_config.max_logprobs == -1 else self.model_config.max_logprobs
+        for name, parameter, value in (("sample", "logprobs", params.logprobs),
+                                       ("prompt", "prompt_logprobs", params.prompt_logprobs)):
+            count = vocab if value == -1 else value
+            if count and count > max_logprobs:
+                raise ParamValidationError(
+                    f"Requested {name} logprobs of {count}, which is greater than max allowed: {max_logprobs}",
+                    parameter=parameter, value=count)
 
     def validate_kv_transfer_params(self, params: SamplingParams) -> None:
         """Check vLLM's ``kv_transfer_params`` (before n > 1 fans a request out)."""

@@ -171,9 +171,11 @@ def get_tokenizer(
         trust_remote_code: passed to ``AutoTokenizer`` for folders.
         revision: accepted for vLLM compatibility; only local files are read.
         tokenizer_mode: ``"auto"`` (fast tokenizer) or ``"slow"``.
-        **kwargs: passed to ``AutoTokenizer.from_pretrained`` for folders.
+        **kwargs: passed to ``AutoTokenizer.from_pretrained`` for folders; ``truncation_side``
+            (default "left", vLLM's for generation: a truncated prompt keeps its end) applies to all.
     """
     del revision  # local files only: there is no revision to choose
+    truncation_side = kwargs.pop("truncation_side", "left")
     if tokenizer_mode not in ("auto", "slow"):
         raise ValueError(f"tokenizer_mode must be 'auto' or 'slow', got {tokenizer_mode!r}.")
     if gguf_file is None:
@@ -188,6 +190,7 @@ def get_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(
             path, trust_remote_code=trust_remote_code, use_fast=tokenizer_mode != "slow", **kwargs
         )
+    tokenizer.truncation_side = truncation_side
     # vLLM's cached tokenizer carries this too: fast tokenizers copy the whole vocabulary on
     # get_vocab() and even len(), far too slow to repeat for every request's validation.
     tokenizer.max_token_id = max(cached_vocab(tokenizer).values(), default=len(tokenizer) - 1)

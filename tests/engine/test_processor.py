@@ -4,7 +4,7 @@ import pytest
 
 from fastdeploy.engine.arg_utils import EngineArgs
 from fastdeploy.engine.processor import ProcessedPrompt, Processor
-from fastdeploy.sampling_params import SamplingParams
+from fastdeploy.sampling_params import ParamValidationError, SamplingParams
 from fastdeploy.transformers_utils.tokenizer import get_tokenizer_for_model
 from tests.call_counter import count_calls
 
@@ -57,6 +57,37 @@ def test_truncation_and_the_two_length_rules(processor):
     with pytest.raises(ValueError, match="out of vocabulary"):
         processor.process_prompt({"prompt_token_ids": [1, 10**6]})
     assert isinstance(processor.process_prompt("x"), ProcessedPrompt)
+
+
+def test_truncation_side_left_by_default_right_on_request(processor):
+    ids = list(range(10, 30))
+    # The tokenizer is loaded with vLLM's side for generation: the end of a long prompt is kept.
+    assert processor.tokenizer.truncation_side == "left"
+    assert processor.process_prompt({"prompt_token_ids": ids}, truncate_prompt_tokens=4).token_ids == ids[-4:]
+    assert processor.process_prompt({"prompt_token_ids": ids}, truncate_prompt_tokens=4,
+                                    truncation_side="right").token_ids == ids[:4]
+    text = processor.process_prompt("one two three four five six", truncate_prompt_tokens=2, truncation_side="right")
+    assert text.token_ids == processor.tokenizer.encode("one two three four five six")[:2]
+    with pytest.raises(ValueError, match="truncation_side must be 'left' or 'right'"):
+        processor.process_prompt({"prompt_token_ids": ids}, truncate_prompt_tokens=4, truncation_side="middle")
+
+
+def test_whole_vocabulary_logprobs_count_as_the_vocabulary_against_max_logprobs(processor):
+    """vLLM's rule: -1 means the vocabulary size, refused with the default --max-logprobs 20."""
+    for name, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+        with pytest.raises(ParamValidationError, match=f"Requested {kind} logprobs of 49152, which is greater than "
+                                                       "max allowed: 20") as info:
+            processor.finalize_params(SamplingParams(**{name: -1}))
+        assert info.value.parameter == name
+        processor.finalize_params(SamplingParams(**{name: 20}))
+    with pytest.raises(ParamValidationError, match=r"token_id\(s\) \[49152\] in logprob_token_ids contain "
+                                                   "out-of-vocab token ids. Vocabulary size: 49152"):
+        processor.finalize_params(SamplingParams(logprob_token_ids=[0, 49152]))
+
+
+def test_whole_vocabulary_logprobs_with_max_logprobs_minus_one():
+    config = EngineArgs(max_model_len=64, max_logprobs=-1).create_engine_config().model_config
+    Processor(config, None).finalize_params(SamplingParams(logprobs=-1, prompt_logprobs=-1))
 
 
 def test_a_text_too_long_for_the_context_is_refused_before_tokenizing(processor, calls, monkeypatch):
