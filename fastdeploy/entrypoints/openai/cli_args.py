@@ -83,7 +83,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Report usage.prompt_tokens_details.cached_tokens.")
     g.add_argument("--enable-server-load-tracking", action="store_true",
                    help="Accepted for vLLM compatibility; /load always reports in-flight requests.")
-    g.add_argument("--enable-force-include-usage", action="store_true", help="Usage chunk on every stream.")
+    g.add_argument("--enable-force-include-usage", action="store_true",
+                   help="Usage on every streamed chunk and a final usage chunk, whatever stream_options say.")
     g.add_argument("--enable-tokenizer-info-endpoint", action="store_true", help="Serve GET /tokenizer_info.")
     return parser
 

@@ -113,7 +113,10 @@ class ModelList(OpenAIBaseModel):
 
 # ---- request pieces ----------------------------------------------------------------------
 class StreamOptions(OpenAIBaseModel):
-    include_usage: bool | None = True
+    """Usage in a stream: a final usage chunk (``include_usage``), and usage on every chunk as well
+    (``continuous_usage_stats``, only with ``include_usage``). Both off unless set, as in vLLM."""
+
+    include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
 
 
@@ -157,8 +160,14 @@ class SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    # With truncate_prompt_tokens: "left" keeps the last tokens, "right" the first; unset: the
+    # tokenizer's side ("left", as vLLM loads it for generation).
+    truncation_side: Literal["left", "right"] | None = None
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None
+    # vLLM's extension: the logprobs of these ids at every generated position (with the sampled
+    # token's), in place of the top-k; needs logprobs.
+    logprob_token_ids: Annotated[list[int], Field(min_length=1)] | None = None
     bad_words: list[str] | None = None
     # Output constraints.
     response_format: ResponseFormat | None = None
@@ -195,6 +204,14 @@ class SamplingRequest(OpenAIBaseModel):
         if data.get("stream_options") and not data.get("stream"):
             raise ParamValidationError("Stream options can only be defined when `stream=True`.",
                                        parameter="stream_options")
+        token_ids = data.get("logprob_token_ids")
+        if isinstance(token_ids, list):  # other types are left to the field's own validation
+            if not token_ids:
+                raise ParamValidationError("`logprob_token_ids` must not be an empty list.",
+                                           parameter="logprob_token_ids")
+            if data.get("use_beam_search"):
+                raise ParamValidationError("`logprob_token_ids` is not supported with beam search.",
+                                           parameter="logprob_token_ids")
         prompt_logprobs = data.get("prompt_logprobs")
         if prompt_logprobs is not None:
             if not isinstance(prompt_logprobs, int) or isinstance(prompt_logprobs, bool):
@@ -222,8 +239,10 @@ class SamplingRequest(OpenAIBaseModel):
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             bad_words=self.bad_words,
-            logprobs=logprobs,
+            # Asked-for ids replace the top-k (vLLM sends no logprobs count with them).
+            logprobs=None if self.logprob_token_ids else logprobs,
             prompt_logprobs=prompt_logprobs,
+            logprob_token_ids=self.logprob_token_ids,
             ignore_eos=self.ignore_eos,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -239,12 +258,34 @@ class SamplingRequest(OpenAIBaseModel):
 
 
 class ResponseHead(OpenAIBaseModel):
-    """The fields every generation response and chunk starts with (subclasses fix ``object``)."""
+    """The fields every generation response and chunk starts with (subclasses fix ``object``).
+
+    Streamed chunks are sent with ``exclude_unset`` (vLLM's rule: a chunk carries the fields its
+    producer set, so later chunks have no ``prompt_token_ids`` and no ``usage`` unless asked); the
+    head fields always count as set.
+    """
 
     id: str
     object: str
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
+
+    @model_validator(mode="after")
+    def _head_always_set(self) -> ResponseHead:
+        self.__pydantic_fields_set__.update(("id", "object", "created", "model"))
+        return self
+
+
+class LogprobEntry(OpenAIBaseModel):
+    """One token's logprob in ``prompt_logprobs`` (vLLM's ``Logprob``)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One entry per prompt token, the first null: {token id: its logprob} of the prompt token and the top-k.
+PromptLogprobsField = list[dict[int, LogprobEntry] | None] | None
 
 
 # ---- completions -------------------------------------------------------------------------
@@ -274,6 +315,14 @@ class CompletionRequest(SamplingRequest):
             raise ParamValidationError("Either prompt or prompt_embeds must be provided and non-empty.",
                                        parameter="prompt")
         logprobs = data.get("logprobs")
+        if isinstance(data.get("logprob_token_ids"), list):
+            if data.get("echo") and data.get("max_tokens") == 0:
+                raise ParamValidationError(
+                    "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because no output "
+                    "tokens are generated.", parameter="logprob_token_ids")
+            if logprobs is None:
+                raise ParamValidationError("when using `logprob_token_ids`, `logprobs` must be set.",
+                                           parameter="logprob_token_ids")
         if logprobs is not None:
             if not isinstance(logprobs, int) or isinstance(logprobs, bool):
                 raise ParamValidationError("`logprobs` must be an integer.", parameter="logprobs")
@@ -290,8 +339,6 @@ class CompletionLogProbs(OpenAIBaseModel):
 
 
 class CompletionResponseStreamChoice(OpenAIBaseModel):
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"prompt_token_ids", "token_ids"})
-
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
@@ -302,22 +349,20 @@ class CompletionResponseStreamChoice(OpenAIBaseModel):
 
 
 class CompletionResponseChoice(CompletionResponseStreamChoice):
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"prompt_logprobs", "prompt_token_ids", "token_ids"})
-
-    prompt_logprobs: list[dict[int, Any] | None] | None = None
+    # vLLM's extension fields are always there, null when not asked for.
+    prompt_logprobs: PromptLogprobsField = None
 
 
 class CompletionResponse(ResponseHead):
     object: Literal["text_completion"] = "text_completion"
     choices: list[CompletionResponseChoice]
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     system_fingerprint: str | None = None
     usage: UsageInfo
     kv_transfer_params: dict[str, Any] | None = None
 
 
 class CompletionStreamResponse(ResponseHead):
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"usage"})
-
     object: str = "text_completion"
     choices: list[CompletionResponseStreamChoice]
     usage: UsageInfo | None = None
@@ -358,6 +403,9 @@ class ChatCompletionRequest(SamplingRequest):
     def _check_chat_fields(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        if isinstance(data.get("logprob_token_ids"), list) and not data.get("logprobs"):
+            raise ParamValidationError("when using `logprob_token_ids`, `logprobs` must be set to true.",
+                                       parameter="logprob_token_ids")
         top_logprobs = data.get("top_logprobs")
         if top_logprobs is not None:
             if not isinstance(top_logprobs, int) or isinstance(top_logprobs, bool):
@@ -395,6 +443,11 @@ class ChatMessage(OpenAIBaseModel):
 
     role: str
     content: str | None = None
+    # OpenAI's fields this server never fills, null as in vLLM.
+    refusal: str | None = None
+    annotations: list[dict[str, Any]] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: dict[str, Any] | None = None
     reasoning: str | None = None
     # Older clients read reasoning_content (vLLM's former name).
     reasoning_content: str | None = None
@@ -418,8 +471,6 @@ class ChatCompletionLogProbs(OpenAIBaseModel):
 class ChatChoiceBase(OpenAIBaseModel):
     """Fields every chat choice has, whole or streamed."""
 
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"token_ids"})
-
     index: int
     logprobs: ChatCompletionLogProbs | None = None
     finish_reason: str | None = None
@@ -433,13 +484,13 @@ class ChatCompletionResponseChoice(ChatChoiceBase):
 
 
 class ChatCompletionResponse(ResponseHead):
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"prompt_logprobs", "prompt_token_ids"})
-
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatCompletionResponseChoice]
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     system_fingerprint: str | None = None
     usage: UsageInfo
-    prompt_logprobs: list[dict[int, Any] | None] | None = None
+    # vLLM's extension fields are always there, null when not asked for.
+    prompt_logprobs: PromptLogprobsField = None
     prompt_token_ids: list[int] | None = None
     kv_transfer_params: dict[str, Any] | None = None
 
@@ -461,11 +512,10 @@ class ChatCompletionResponseStreamChoice(ChatChoiceBase):
 
 
 class ChatCompletionStreamResponse(ResponseHead):
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"prompt_token_ids", "usage"})
-
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatCompletionResponseStreamChoice]
     usage: UsageInfo | None = None
+    # On the first (role) chunk only; null there when return_token_ids is not set.
     prompt_token_ids: list[int] | None = None
 
 

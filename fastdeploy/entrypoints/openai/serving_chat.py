@@ -25,6 +25,7 @@ from fastdeploy.entrypoints.openai.protocol import (
     ChatMessage,
     DeltaMessage,
     ErrorResponse,
+    UsageInfo,
 )
 from fastdeploy.entrypoints.openai.serving_engine import (
     SSE_DONE,
@@ -33,6 +34,7 @@ from fastdeploy.entrypoints.openai.serving_engine import (
     error_response,
     jsonable_prompt_logprobs,
     sse,
+    sse_chunk,
     user_data_guard,
 )
 from fastdeploy.entrypoints.openai.serving_models import OpenAIServingModels
@@ -168,7 +170,8 @@ class OpenAIServingChat(OpenAIServing):
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message, tools=request.tools,
             documents=request.documents, chat_template_kwargs=request.chat_template_kwargs)
-        prompt = self.process_prompt(prompt_text, request.truncate_prompt_tokens, request.add_special_tokens)
+        prompt = self.process_prompt(prompt_text, request.truncate_prompt_tokens, request.add_special_tokens,
+                                     request.truncation_side)
         max_tokens = self.max_tokens(request.max_completion_tokens or request.max_tokens, len(prompt.token_ids))
         with user_data_guard("tools or structured outputs", "tools" if request.tools else None):
             constraint = self._constraint(request)
@@ -213,7 +216,8 @@ class OpenAIServingChat(OpenAIServing):
         if not request.logprobs or logprobs is None:
             return None
         as_id = self.return_as_token_ids(request)
-        num_top = request.top_logprobs or 0
+        # With logprob_token_ids every entry is shown: the chosen token and the ids asked for.
+        num_top = -1 if request.logprob_token_ids else request.top_logprobs or 0
         content = []
         for i, token_id in enumerate(token_ids):
             step = logprobs[i] if i < len(logprobs) else {}
@@ -256,17 +260,19 @@ class OpenAIServingChat(OpenAIServing):
         return ChatCompletionResponse(
             id=request_id, created=created, model=self.models.model_name, choices=choices,
             usage=self.usage(len(res.prompt_token_ids or ()), num_generated, res.num_cached_tokens),
-            prompt_logprobs=(jsonable_prompt_logprobs(res.prompt_logprobs)
-                             if request.prompt_logprobs is not None else None),
+            prompt_logprobs=jsonable_prompt_logprobs(res.prompt_logprobs),
             prompt_token_ids=res.prompt_token_ids if request.return_token_ids else None,
             kv_transfer_params=res.kv_transfer_params,
         )
 
     def _chunk(self, request_id: str, created: int, choice: ChatCompletionResponseStreamChoice,
-               **extra: Any) -> str:
+               usage: UsageInfo | None = None, **extra: Any) -> str:
+        """One chunk of one choice; ``usage`` only when given (continuous usage), ``extra`` fields as set."""
         chunk = ChatCompletionStreamResponse(id=request_id, created=created, model=self.models.model_name,
                                              choices=[choice], **extra)
-        return sse(chunk.model_dump_json())
+        if usage is not None:
+            chunk.usage = usage
+        return sse_chunk(chunk)
 
     async def _stream(self, request: ChatCompletionRequest, parser: ChatOutputParser,
                       results: AsyncIterator[RequestOutput], request_id: str,
@@ -285,13 +291,16 @@ class OpenAIServingChat(OpenAIServing):
                     first = False
                     num_prompt, num_cached = len(res.prompt_token_ids or ()), res.num_cached_tokens
                     echo = self._echo_text(request, role)
+                    # Continuous usage starts on the role chunk: nothing generated yet.
+                    usage = self.usage(num_prompt, 0, None) if continuous_usage else None
                     for i in range(n):
+                        # As vLLM: logprobs and finish_reason null, and prompt_token_ids (null unless asked) here only.
                         yield self._chunk(request_id, created, ChatCompletionResponseStreamChoice(
-                            index=i, delta=DeltaMessage(role=role, content="")),
-                            prompt_token_ids=res.prompt_token_ids if request.return_token_ids else None)
+                            index=i, delta=DeltaMessage(role=role, content=""), logprobs=None, finish_reason=None),
+                            usage, prompt_token_ids=res.prompt_token_ids if request.return_token_ids else None)
                         if echo:
                             yield self._chunk(request_id, created, ChatCompletionResponseStreamChoice(
-                                index=i, delta=DeltaMessage(content=echo)))
+                                index=i, delta=DeltaMessage(content=echo), logprobs=None, finish_reason=None), usage)
                 for output in res.outputs:
                     i = output.index
                     if finished[i] or (not output.text and not output.token_ids and output.finish_reason is None):
@@ -299,25 +308,28 @@ class OpenAIServingChat(OpenAIServing):
                     num_tokens[i] += len(output.token_ids)
                     finished[i] = output.finish_reason is not None
                     delta = parser.stream_delta(i, output.text, list(output.token_ids))
+                    logprobs = self._logprobs(request, output.token_ids, output.logprobs)
                     if delta is None:
-                        if not finished[i]:
-                            continue  # held back (a reasoning or tool-call marker may be starting)
+                        # Text held back (a reasoning or tool-call marker may be starting): the chunk still
+                        # goes out when it carries token ids or logprobs, so none of them is lost (vLLM).
+                        if not finished[i] and logprobs is None and not request.return_token_ids:
+                            continue
                         delta = DeltaMessage()
                     finish_reason = output.finish_reason
                     if finish_reason is not None and parser.streamed_tool_calls(i):
                         finish_reason = "tool_calls"
                     choice = ChatCompletionResponseStreamChoice(
-                        index=i, delta=delta,
-                        logprobs=self._logprobs(request, output.token_ids, output.logprobs),
-                        finish_reason=finish_reason, stop_reason=output.stop_reason,
+                        index=i, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
                         token_ids=list(output.token_ids) if request.return_token_ids else None)
+                    if finish_reason is not None:
+                        choice.stop_reason = output.stop_reason  # the last chunk of a choice has it (vLLM)
                     usage = self.usage(num_prompt, num_tokens[i], None) if continuous_usage else None
-                    yield self._chunk(request_id, created, choice, usage=usage)
+                    yield self._chunk(request_id, created, choice, usage)
             if include_usage:
                 final = ChatCompletionStreamResponse(
                     id=request_id, created=created, model=self.models.model_name, choices=[],
                     usage=self.usage(num_prompt, sum(num_tokens), num_cached))
-                yield sse(final.model_dump_json())
+                yield sse_chunk(final)
         except Exception as e:
             yield sse(self.create_streaming_error_response(e))
         yield SSE_DONE

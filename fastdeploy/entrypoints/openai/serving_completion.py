@@ -32,6 +32,7 @@ from fastdeploy.entrypoints.openai.serving_engine import (
     error_response,
     jsonable_prompt_logprobs,
     sse,
+    sse_chunk,
     user_data_guard,
 )
 from fastdeploy.logprobs import Logprob
@@ -91,7 +92,8 @@ class OpenAIServingCompletion(OpenAIServing):
             items = [prompt]
         else:
             items = list(prompt)
-        return [self.process_prompt(item, request.truncate_prompt_tokens, request.add_special_tokens) for item in items]
+        return [self.process_prompt(item, request.truncate_prompt_tokens, request.add_special_tokens,
+                                    request.truncation_side) for item in items]
 
     async def _start(self, request: CompletionRequest, prompts: list[ProcessedPrompt], request_id: str) -> list[AsyncIterator]:
         echo_only = bool(request.echo) and request.max_tokens == 0
@@ -146,12 +148,15 @@ class OpenAIServingCompletion(OpenAIServing):
     def _logprobs(self, request: CompletionRequest, shown: _Generated, text_offset: int = 0) -> CompletionLogProbs | None:
         if request.logprobs is None:
             return None
-        return self.completion_logprobs(shown.token_ids, shown.logprobs or [], request.logprobs,
+        # With logprob_token_ids every entry is shown: the chosen token and the ids asked for.
+        num_top = -1 if request.logprob_token_ids else request.logprobs
+        return self.completion_logprobs(shown.token_ids, shown.logprobs or [], num_top,
                                         self.return_as_token_ids(request), text_offset)
 
     def completion_logprobs(self, token_ids: Sequence[int], top_logprobs: Sequence[dict[int, Logprob] | None],
                             num_top: int, as_token_id: bool, text_offset: int = 0) -> CompletionLogProbs:
-        """OpenAI's completion logprobs; each top_logprobs dict holds the chosen token and the top ``num_top``."""
+        """OpenAI's completion logprobs; each top_logprobs dict holds the chosen token and the top ``num_top``
+        (-1: every entry given)."""
         result = CompletionLogProbs()
         last_len = 0
         for i, token_id in enumerate(token_ids):
@@ -191,8 +196,8 @@ class OpenAIServingCompletion(OpenAIServing):
                     finish_reason=output.finish_reason,
                     stop_reason=output.stop_reason,
                     token_ids=list(generated.token_ids) if request.return_token_ids else None,
-                    prompt_logprobs=(jsonable_prompt_logprobs(res.prompt_logprobs)
-                                     if request.prompt_logprobs is not None else None),
+                    # Whenever the engine computed them (prompt_logprobs, or echo with logprobs), as vLLM.
+                    prompt_logprobs=jsonable_prompt_logprobs(res.prompt_logprobs),
                     prompt_token_ids=prompt.token_ids if request.return_token_ids else None,
                 ))
                 num_generated += len(generated.token_ids)
@@ -208,6 +213,7 @@ class OpenAIServingCompletion(OpenAIServing):
         n = request.n
         text_lens = [0] * (n * len(prompts))
         num_tokens = [0] * (n * len(prompts))
+        # Whether a choice's first chunk (the echoed prompt and/or its prompt_token_ids) was sent.
         echoed = [False] * (n * len(prompts))
         include_usage, continuous_usage = self.usage_flags(request)
         num_cached = None
@@ -219,31 +225,34 @@ class OpenAIServingCompletion(OpenAIServing):
                 for output in res.outputs:
                     i = output.index + p * n
                     generated = self._generated(request, output)
-                    if request.echo and not echoed[i]:
+                    first = not echoed[i]
+                    if request.echo and first:
                         if not output.token_ids and output.finish_reason is None:
                             continue  # the prompt's logprobs are complete once the first token is sampled
                         shown = self._echoed(prompts[p], res, generated)
-                        echoed[i] = True
                     else:
                         shown = generated
                         if not shown.text and not shown.token_ids and output.finish_reason is None:
                             continue
+                    echoed[i] = True
                     logprobs = self._logprobs(request, shown, text_lens[i])
                     text_lens[i] += len(shown.text)
                     num_tokens[i] += len(generated.token_ids)
+                    # vLLM's first chunk of a choice carries the prompt's ids (with return_token_ids or echo).
+                    prompt_ids = prompts[p].token_ids if first and (request.return_token_ids or request.echo) else None
                     chunk = CompletionStreamResponse(id=request_id, created=created, model=model, choices=[
                         CompletionResponseStreamChoice(
                             index=i, text=shown.text, logprobs=logprobs, finish_reason=output.finish_reason,
-                            stop_reason=output.stop_reason,
+                            stop_reason=output.stop_reason, prompt_token_ids=prompt_ids,
                             token_ids=list(generated.token_ids) if request.return_token_ids else None)
                     ])
                     if continuous_usage:
                         chunk.usage = self.usage(len(prompts[p].token_ids), num_tokens[i], None)
-                    yield sse(chunk.model_dump_json())
+                    yield sse_chunk(chunk)
             if include_usage:
                 usage = self.usage(sum(len(pr.token_ids) for pr in prompts), sum(num_tokens), num_cached)
                 final = CompletionStreamResponse(id=request_id, created=created, model=model, choices=[], usage=usage)
-                yield sse(final.model_dump_json())
+                yield sse_chunk(final)
         except Exception as e:
             yield sse(self.create_streaming_error_response(e))
         yield SSE_DONE

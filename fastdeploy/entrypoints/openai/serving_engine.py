@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import jinja2
 from fastapi import Request
+from pydantic import BaseModel
 
 from fastdeploy.engine.async_llm import AsyncLLM
 from fastdeploy.engine.exceptions import EngineDeadError, EngineGenerateError
@@ -42,6 +43,25 @@ MIN_LOGPROB = -9999.0
 def sse(data: str) -> str:
     """One server-sent event."""
     return f"data: {data}\n\n"
+
+
+def _unset(model: BaseModel) -> dict[str, bool]:
+    return {name: True for name in type(model).model_fields if name not in model.model_fields_set}
+
+
+def sse_chunk(chunk: BaseModel) -> str:
+    """One streamed chunk as an event, with the fields its producer set, as vLLM's ``exclude_unset``
+    sends them: ``usage``, ``prompt_token_ids``, ``stop_reason``... appear only in the chunks that
+    were given them. That rule covers the chunk's and its choices' own fields; what they hold
+    (logprobs, usage, delta) goes whole."""
+    exclude: dict[str, Any] = _unset(chunk)
+    usage = getattr(chunk, "usage", None)
+    if usage is not None and usage.prompt_tokens_details is None:
+        exclude["usage"] = {"prompt_tokens_details": True}  # a chunk's usage has no nulls (vLLM)
+    choices = getattr(chunk, "choices", None)
+    if choices:
+        exclude["choices"] = {i: _unset(choice) for i, choice in enumerate(choices)}
+    return sse(chunk.model_dump_json(exclude=exclude))
 
 
 SSE_DONE = sse("[DONE]")
@@ -162,11 +182,13 @@ class OpenAIServing:
             return await asyncio.get_running_loop().run_in_executor(_PREPARATION_EXECUTOR, step, *args)
 
     def process_prompt(self, prompt: str | list[int], truncate_prompt_tokens: int | None,
-                       add_special_tokens: bool = True) -> ProcessedPrompt:
-        """Tokenize, truncate and check a prompt once, through the engine's intake (the same checks
-        ``LLM`` gets); it must leave room for one generated token. The engine does not check it again."""
+                       add_special_tokens: bool = True, truncation_side: str | None = None) -> ProcessedPrompt:
+        """Tokenize, truncate (on ``truncation_side``) and check a prompt once, through the engine's intake
+        (the same checks ``LLM`` gets); it must leave room for one generated token. The engine does not
+        check it again."""
         source = prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
         return self.engine.processor.process_prompt(source, truncate_prompt_tokens=truncate_prompt_tokens,
+                                                    truncation_side=truncation_side,
                                                     add_special_tokens=add_special_tokens, leave_room=True)
 
     def max_tokens(self, requested: int | None, num_prompt_tokens: int) -> int:
@@ -205,9 +227,16 @@ class OpenAIServing:
         return usage
 
     def usage_flags(self, request: SamplingRequest) -> tuple[bool, bool]:
-        """(final usage chunk, usage on every chunk) of a stream."""
+        """(final usage chunk, usage on every chunk) of a stream, as vLLM decides them.
+
+        ``--enable-force-include-usage`` turns both on whatever the request says; otherwise
+        ``stream_options.include_usage`` gives the final chunk and ``continuous_usage_stats``
+        (with it) usage on every chunk.
+        """
+        if self.enable_force_include_usage:
+            return True, True
         options = request.stream_options
-        include = self.enable_force_include_usage or bool(options and options.include_usage)
+        include = bool(options and options.include_usage)
         return include, include and bool(options and options.continuous_usage_stats)
 
     def return_as_token_ids(self, request: SamplingRequest) -> bool:

@@ -98,3 +98,50 @@ async def test_async_chat_stream(server):
                                                       temperature=0, stream=True)
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == "The capital of France is Paris."
+
+
+# ---- vLLM's extension fields ----------------------------------------------------------------
+def test_chat_prompt_logprobs_and_null_fields(client):
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=1, temperature=0,
+                                          extra_body={"prompt_logprobs": 0, "return_token_ids": True})
+    assert chat.prompt_logprobs[0] is None and len(chat.prompt_logprobs) == len(chat.prompt_token_ids)
+    for token_id, entry in zip(chat.prompt_token_ids[1:], chat.prompt_logprobs[1:], strict=True):
+        assert list(entry) == [str(token_id)] and entry[str(token_id)]["rank"] >= 1
+    assert len(chat.choices[0].token_ids) == 1
+    # Not asked for: the SDK still finds them, as null.
+    plain = client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=1)
+    assert plain.prompt_logprobs is None and plain.prompt_token_ids is None and plain.choices[0].token_ids is None
+
+
+def test_chat_stream_return_token_ids(client):
+    kwargs = dict(model=MODEL_NAME, messages=QUESTION, max_tokens=5, temperature=0,
+                  extra_body={"return_token_ids": True})
+    whole = client.chat.completions.create(**kwargs)
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    assert chunks[0].prompt_token_ids == whole.prompt_token_ids
+    assert all("prompt_token_ids" not in c.model_dump() for c in chunks[1:])
+    streamed = [t for c in chunks if c.choices and "token_ids" in c.choices[0].model_dump()
+                for t in c.choices[0].token_ids]
+    assert streamed == whole.choices[0].token_ids
+
+
+def test_chat_logprob_token_ids(client, server):
+    asked = [100, 1000, 5000]
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=1, temperature=0,
+                                          logprobs=True, top_logprobs=len(asked),
+                                          extra_body={"logprob_token_ids": asked, "return_tokens_as_token_ids": True})
+    entry = chat.choices[0].logprobs.content[0]
+    assert [t.token for t in entry.top_logprobs] == [entry.token, *(f"token_id:{t}" for t in asked)]
+    assert entry.top_logprobs[0].logprob == entry.logprob
+    r = httpx.post(server.url_for("v1", "chat", "completions"), headers=server.headers,
+                   json={"messages": QUESTION, "max_tokens": 1, "logprob_token_ids": asked})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "when using `logprob_token_ids`, `logprobs` must be set to true."
+
+
+def test_chat_continuous_usage_starts_on_the_role_chunk(client):
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, max_tokens=2, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True,
+                                                                              "continuous_usage_stats": True}))
+    assert [c.usage.completion_tokens for c in chunks] == [0, 1, 2, 2]
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices == []

@@ -192,3 +192,88 @@ def test_use_beam_search(client):
                                       extra_body={"use_beam_search": True, "length_penalty": 1.0, "ignore_eos": True})
     texts = [c.text for c in beams.choices]
     assert len(texts) == 3 and len(set(texts)) == 3
+
+
+# ---- vLLM's extension fields ----------------------------------------------------------------
+def test_prompt_logprobs_on_each_choice(client, server):
+    """prompt_logprobs on every choice, as vLLM puts them: None first, then {token id: logprob, rank, text}."""
+    ids = httpx.post(server.url_for("tokenize"), json={"prompt": "My name is"}).json()["tokens"]
+    completion = client.completions.create(model=MODEL_NAME, prompt=[PROMPT, "My name is"], max_tokens=1,
+                                           temperature=0, extra_body={"prompt_logprobs": 1})
+    for choice in completion.choices:
+        assert choice.prompt_logprobs[0] is None and len(choice.prompt_logprobs) > 1
+    second = completion.choices[1].prompt_logprobs
+    assert len(second) == len(ids)
+    for token_id, entry in zip(ids[1:], second[1:], strict=True):
+        # The prompt token and the top 1 (the same token when it ranks first).
+        assert str(token_id) in entry and 1 <= len(entry) <= 2
+        assert set(entry[str(token_id)]) == {"logprob", "rank", "decoded_token"}
+    # Not asked for: null, and still an attribute of the SDK's choice.
+    assert client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1).choices[0].prompt_logprobs is None
+
+
+def test_whole_vocabulary_prompt_logprobs_refused(server):
+    """-1 means the whole vocabulary, more than --max-logprobs (20) allows: vLLM's 400."""
+    r = httpx.post(server.url_for("v1", "completions"), headers=server.headers,
+                   json={"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": -1})
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "Requested prompt logprobs of 49152, which is greater than max allowed: 20"
+    assert r.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_extension_fields_are_null_when_not_asked_for(server):
+    body = httpx.post(server.url_for("v1", "completions"), headers=server.headers,
+                      json={"prompt": PROMPT, "max_tokens": 1}).json()
+    choice = body["choices"][0]
+    assert {k: choice[k] for k in ("prompt_logprobs", "prompt_token_ids", "token_ids", "stop_reason")} == dict.fromkeys(
+        ("prompt_logprobs", "prompt_token_ids", "token_ids", "stop_reason"))
+    assert body["service_tier"] is None and body["kv_transfer_params"] is None
+
+
+def test_return_token_ids_stream_and_whole(client, server):
+    ids = httpx.post(server.url_for("tokenize"), json={"prompt": PROMPT}).json()["tokens"]
+    kwargs = dict(model=MODEL_NAME, prompt=PROMPT, max_tokens=4, temperature=0, extra_body={"return_token_ids": True})
+    whole = client.completions.create(**kwargs).choices[0]
+    assert whole.prompt_token_ids == ids and len(whole.token_ids) == 4
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    # The prompt's ids come with the first chunk only; each chunk has its own new token ids.
+    assert chunks[0].choices[0].prompt_token_ids == ids
+    assert all(c.choices[0].prompt_token_ids is None for c in chunks[1:])
+    assert [t for c in chunks for t in c.choices[0].token_ids] == whole.token_ids
+
+
+def test_truncation_side(client):
+    """vLLM's truncation_side: "right" keeps the first tokens, "left" (the default) the last."""
+    ids = list(range(100, 108))
+
+    def kept(**extra):
+        return client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=1, temperature=0, extra_body={
+            "return_token_ids": True, "truncate_prompt_tokens": 4, **extra}).choices[0].prompt_token_ids
+
+    assert kept(truncation_side="right") == ids[:4]
+    assert kept(truncation_side="left") == kept() == ids[-4:]
+
+
+def test_stream_usage_only_as_asked(client):
+    """vLLM's stream_options: none (even {}) means no usage; continuous_usage_stats needs include_usage."""
+    def usages(options):
+        chunks = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=3, temperature=0,
+                                                stream=True, stream_options=options))
+        return [None if c.usage is None else c.usage.completion_tokens for c in chunks]
+
+    assert usages({}) == usages({"include_usage": False, "continuous_usage_stats": True}) == [None] * 3
+    assert usages({"include_usage": True, "continuous_usage_stats": True}) == [1, 2, 3, 3]
+
+
+def test_logprob_token_ids(client, server):
+    """vLLM's logprob_token_ids: each position's top_logprobs hold the chosen token and exactly the asked ids."""
+    asked = [100, 1000, 5000]
+    choice = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, temperature=0, logprobs=3,
+                                       extra_body={"logprob_token_ids": asked, "return_tokens_as_token_ids": True,
+                                                   "return_token_ids": True}).choices[0]
+    for token_id, tops in zip(choice.token_ids, choice.logprobs.top_logprobs, strict=True):
+        assert list(tops) == [f"token_id:{t}" for t in [token_id, *asked]]
+        assert all(-9999 < v <= 0 for v in tops.values())
+    r = httpx.post(server.url_for("v1", "completions"), headers=server.headers,
+                   json={"prompt": PROMPT, "max_tokens": 1, "logprob_token_ids": asked})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprob_token_ids"

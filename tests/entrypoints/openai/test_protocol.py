@@ -56,6 +56,52 @@ def test_chat_checks_name_the_parameter(body, param):
     assert _param_of(info.value) == param
 
 
+@pytest.mark.parametrize(("model", "base"), [(CompletionRequest, {"prompt": "x", "logprobs": 1}),
+                                              (ChatCompletionRequest, {"messages": MESSAGES, "logprobs": True})])
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"logprob_token_ids": []}, "`logprob_token_ids` must not be an empty list."),
+    ({"logprob_token_ids": [1], "use_beam_search": True}, "`logprob_token_ids` is not supported with beam search."),
+])
+def test_logprob_token_ids_checks(model, base, extra, message):
+    with pytest.raises(pydantic.ValidationError, match=message) as info:
+        model.model_validate({**base, **extra})
+    assert _param_of(info.value) == "logprob_token_ids"
+
+
+@pytest.mark.parametrize(("model", "body", "message"), [
+    (CompletionRequest, {"prompt": "x"}, "when using `logprob_token_ids`, `logprobs` must be set."),
+    (CompletionRequest, {"prompt": "x", "logprobs": 1, "echo": True, "max_tokens": 0},
+     "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0`"),
+    (ChatCompletionRequest, {"messages": MESSAGES, "logprobs": False},
+     "when using `logprob_token_ids`, `logprobs` must be set to true."),
+])
+def test_logprob_token_ids_need_logprobs(model, body, message):
+    with pytest.raises(pydantic.ValidationError, match=message) as info:
+        model.model_validate({**body, "logprob_token_ids": [5]})
+    assert _param_of(info.value) == "logprob_token_ids"
+
+
+def test_logprob_token_ids_replace_the_logprobs_count():
+    request = CompletionRequest.model_validate({"prompt": "x", "logprobs": 5, "logprob_token_ids": [4, 9]})
+    params = request.sampling_params(3, {}, logprobs=request.logprobs, prompt_logprobs=None)
+    assert params.logprob_token_ids == [4, 9] and params.logprobs is None and params.num_logprobs == 2
+    # A list of something else is the field's own error (422-style detail, served as a 400).
+    with pytest.raises(pydantic.ValidationError):
+        CompletionRequest.model_validate({"prompt": "x", "logprobs": 1, "logprob_token_ids": "123"})
+
+
+def test_stream_options_default_to_no_usage():
+    options = CompletionRequest.model_validate({"prompt": "x", "stream": True, "stream_options": {}}).stream_options
+    assert options.include_usage is False and options.continuous_usage_stats is False
+
+
+def test_truncation_side_is_left_or_right():
+    assert CompletionRequest.model_validate({"prompt": "x", "truncation_side": "right"}).truncation_side == "right"
+    assert ChatCompletionRequest.model_validate({"messages": MESSAGES}).truncation_side is None
+    with pytest.raises(pydantic.ValidationError):
+        CompletionRequest.model_validate({"prompt": "x", "truncation_side": "middle"})
+
+
 def test_tools_default_to_auto():
     request = ChatCompletionRequest.model_validate({"messages": MESSAGES, "tools": [{"type": "function"}]})
     assert request.tool_choice == "auto"

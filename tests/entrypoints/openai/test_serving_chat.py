@@ -38,3 +38,72 @@ def test_served_model_names():
     assert models.model_name == "a"
     assert models.is_base_model("b") and models.is_base_model(None) and not models.is_base_model("c")
     assert [card.id for card in models.show_available_models().data] == ["a", "b"]
+
+
+# ---- streaming without a server: usage and the fields each chunk carries -----------------------
+def _serving(cls, **flags):
+    """A handler wired to no engine: enough for its stream generator over made-up outputs."""
+    from fastdeploy.entrypoints.openai.serving_models import BaseModelPath, OpenAIServingModels
+
+    serving = object.__new__(cls)
+    serving.models = OpenAIServingModels([BaseModelPath("m", "/m")], 64)
+    serving.response_role = "assistant"
+    serving.return_tokens_as_token_ids = False
+    serving.enable_prompt_tokens_details = False
+    serving.enable_force_include_usage = flags.get("force_usage", False)
+    serving.token_strings = lambda ids: [f"<{i}>" for i in ids]
+    return serving
+
+
+async def _outputs(steps, prompt_token_ids):
+    from fastdeploy.outputs import CompletionOutput, RequestOutput
+
+    for i, (text, finish) in enumerate(steps):
+        yield RequestOutput("r", None, prompt_token_ids, None, [
+            CompletionOutput(index=0, text=text, token_ids=[10 + i], cumulative_logprob=None, logprobs=None,
+                             finish_reason=finish, stop_reason=None)], finish is not None)
+
+
+async def _chat_chunks(serving, body):
+    import json
+
+    from fastdeploy.entrypoints.openai.chat_parsing import ChatOutputParser, ChatParserConfig
+    from fastdeploy.entrypoints.openai.protocol import ChatCompletionRequest
+
+    request = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                                                    **body})
+    parser = ChatOutputParser(ChatParserConfig(), request, None)
+    events = [e async for e in serving._stream(request, parser, _outputs([("a", None), ("b", "length")], [1, 2, 3]),
+                                                "chatcmpl-x", 0)]
+    assert events[-1] == "data: [DONE]\n\n"
+    return [json.loads(e[len("data: "):]) for e in events[:-1]]
+
+
+@pytest.mark.anyio
+async def test_force_include_usage_puts_usage_on_every_chat_chunk():
+    """--enable-force-include-usage (vLLM's): usage on every chunk, the role chunk included, then a usage chunk."""
+    from fastdeploy.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    chunks = await _chat_chunks(_serving(OpenAIServingChat, force_usage=True), {})
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [0, 1, 2, 2]
+    assert all(c["usage"]["prompt_tokens"] == 3 and "prompt_tokens_details" not in c["usage"] for c in chunks)
+    assert chunks[-1]["choices"] == []
+
+
+@pytest.mark.anyio
+async def test_chat_chunks_carry_vllm_fields():
+    from fastdeploy.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    serving = _serving(OpenAIServingChat)
+    role, first, last = await _chat_chunks(serving, {"return_token_ids": True})
+    # prompt_token_ids on the role chunk only; token_ids on the token chunks; stop_reason on the last one.
+    assert role["prompt_token_ids"] == [1, 2, 3] and "token_ids" not in role["choices"][0]
+    assert "prompt_token_ids" not in first and "prompt_token_ids" not in last
+    assert first["choices"][0]["token_ids"] == [10] and last["choices"][0]["token_ids"] == [11]
+    assert "stop_reason" not in first["choices"][0] and last["choices"][0]["stop_reason"] is None
+    assert all("usage" not in c for c in (role, first, last))
+    # Not asked for: null on the role chunk, as vLLM sends it.
+    role, first, _ = await _chat_chunks(serving, {"stream_options": {}})
+    assert role["prompt_token_ids"] is None and first["choices"][0]["token_ids"] is None
+    chunks = await _chat_chunks(serving, {"stream_options": {"include_usage": False, "continuous_usage_stats": True}})
+    assert all("usage" not in c for c in chunks)
