@@ -12,6 +12,7 @@ import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_serializer, model_validator
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from fastdeploy.logger import init_logger
 from fastdeploy.sampling_params import ParamValidationError, RequestOutputKind, SamplingParams, StructuredOutputsParams
@@ -276,12 +277,16 @@ class ResponseHead(OpenAIBaseModel):
         return self
 
 
-class LogprobEntry(OpenAIBaseModel):
-    """One token's logprob in ``prompt_logprobs`` (vLLM's ``Logprob``)."""
+class LogprobEntry(TypedDict):
+    """One token's logprob in ``prompt_logprobs`` (vLLM's ``Logprob``).
+
+    A typed dict, not a model: a long prompt has thousands of these, and as many model objects
+    cost ~15 ms a response in garbage collection (600 prompt tokens), ten times the rest.
+    """
 
     logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
+    rank: int | None
+    decoded_token: str | None
 
 
 # One entry per prompt token, the first null: {token id: its logprob} of the prompt token and the top-k.
