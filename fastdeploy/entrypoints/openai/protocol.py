@@ -205,14 +205,6 @@ class SamplingRequest(OpenAIBaseModel):
         if data.get("stream_options") and not data.get("stream"):
             raise ParamValidationError("Stream options can only be defined when `stream=True`.",
                                        parameter="stream_options")
-        token_ids = data.get("logprob_token_ids")
-        if isinstance(token_ids, list):  # other types are left to the field's own validation
-            if not token_ids:
-                raise ParamValidationError("`logprob_token_ids` must not be an empty list.",
-                                           parameter="logprob_token_ids")
-            if data.get("use_beam_search"):
-                raise ParamValidationError("`logprob_token_ids` is not supported with beam search.",
-                                           parameter="logprob_token_ids")
         prompt_logprobs = data.get("prompt_logprobs")
         if prompt_logprobs is not None:
             if not isinstance(prompt_logprobs, int) or isinstance(prompt_logprobs, bool):
@@ -224,6 +216,25 @@ class SamplingRequest(OpenAIBaseModel):
                 raise ParamValidationError("`prompt_logprobs` must be a positive value or -1.",
                                            parameter="prompt_logprobs")
         return data
+
+    @staticmethod
+    def _check_logprob_token_ids(data: dict[str, Any], *, logprobs_given: bool, needs: str,
+                                 completion: bool = False) -> None:
+        """vLLM's checks of ``logprob_token_ids``, in its order; a value that is no list is left to the field."""
+        if not isinstance(data.get("logprob_token_ids"), list):
+            return
+        error = None
+        if not data["logprob_token_ids"]:
+            error = "`logprob_token_ids` must not be an empty list."
+        elif data.get("use_beam_search"):
+            error = "`logprob_token_ids` is not supported with beam search."
+        elif completion and data.get("echo") and data.get("max_tokens") == 0:
+            error = ("`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because no output "
+                     "tokens are generated.")
+        elif not logprobs_given:
+            error = f"when using `logprob_token_ids`, `logprobs` must be {needs}."
+        if error is not None:
+            raise ParamValidationError(error, parameter="logprob_token_ids")
 
     def sampling_params(self, max_tokens: int, defaults: dict[str, Any], *, logprobs: int | None,
                         prompt_logprobs: int | None,
@@ -320,14 +331,7 @@ class CompletionRequest(SamplingRequest):
             raise ParamValidationError("Either prompt or prompt_embeds must be provided and non-empty.",
                                        parameter="prompt")
         logprobs = data.get("logprobs")
-        if isinstance(data.get("logprob_token_ids"), list):
-            if data.get("echo") and data.get("max_tokens") == 0:
-                raise ParamValidationError(
-                    "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because no output "
-                    "tokens are generated.", parameter="logprob_token_ids")
-            if logprobs is None:
-                raise ParamValidationError("when using `logprob_token_ids`, `logprobs` must be set.",
-                                           parameter="logprob_token_ids")
+        cls._check_logprob_token_ids(data, logprobs_given=logprobs is not None, needs="set", completion=True)
         if logprobs is not None:
             if not isinstance(logprobs, int) or isinstance(logprobs, bool):
                 raise ParamValidationError("`logprobs` must be an integer.", parameter="logprobs")
@@ -408,9 +412,7 @@ class ChatCompletionRequest(SamplingRequest):
     def _check_chat_fields(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        if isinstance(data.get("logprob_token_ids"), list) and not data.get("logprobs"):
-            raise ParamValidationError("when using `logprob_token_ids`, `logprobs` must be set to true.",
-                                       parameter="logprob_token_ids")
+        cls._check_logprob_token_ids(data, logprobs_given=bool(data.get("logprobs")), needs="set to true")
         top_logprobs = data.get("top_logprobs")
         if top_logprobs is not None:
             if not isinstance(top_logprobs, int) or isinstance(top_logprobs, bool):

@@ -56,8 +56,10 @@ def test_chat_checks_name_the_parameter(body, param):
     assert _param_of(info.value) == param
 
 
-@pytest.mark.parametrize(("model", "base"), [(CompletionRequest, {"prompt": "x", "logprobs": 1}),
-                                              (ChatCompletionRequest, {"messages": MESSAGES, "logprobs": True})])
+@pytest.mark.parametrize(("model", "base"), [
+    (CompletionRequest, {"prompt": "x", "logprobs": 1}), (CompletionRequest, {"prompt": "x"}),
+    (ChatCompletionRequest, {"messages": MESSAGES, "logprobs": True}), (ChatCompletionRequest, {"messages": MESSAGES}),
+])
 @pytest.mark.parametrize(("extra", "message"), [
     ({"logprob_token_ids": []}, "`logprob_token_ids` must not be an empty list."),
     ({"logprob_token_ids": [1], "use_beam_search": True}, "`logprob_token_ids` is not supported with beam search."),
