@@ -47,12 +47,21 @@ def _paddle_fused_rms_norm_works() -> bool:
         return False
 
 
+def gguf_kernel_path() -> str:
+    """The GGUF block kernel path this CPU runs best: integer dot products on AVX512-VNNI
+    (``vpdpbusd``), else AVX2 (``vpmaddubsw``), else plain C++."""
+    flags = cpu_flags()
+    if {"avx512_vnni", "avx512bw", "avx512vl"} <= flags:
+        return "avx512-vnni"
+    return "avx2" if cpu_has_avx2_fma() else "scalar"
+
+
 class CpuPlatform(Platform):
     _enum = PlatformEnum.CPU
     device_name = "cpu"
     device_type = "cpu"
     dist_backend = "gloo"
-    supported_quantization: list[str] = []
+    supported_quantization: list[str] = ["gguf"]
 
     def is_available(self) -> bool:
         return True
@@ -127,6 +136,7 @@ class CpuPlatform(Platform):
                 attn_backend_cls=attn_backend_cls,
                 decoder_layer="fd_decoder_layer" in built,
                 isa=cpu_isa() if built else "",
+                gguf=gguf_kernel_path() if {"fd_gguf_linear", "fd_gguf_embedding"} <= built else "paddle",
             )
         return self._op_backend
 
