@@ -10,11 +10,12 @@ import ctypes
 import numpy as np
 import paddle
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.quantization.gguf import GGUF_KERNEL_TYPES, KERNEL_PATHS
+from fastdeploy.model_executor.layers.quantization.gguf import random_blocks as gguf_random_blocks
 from fastdeploy.platforms.cpu_features import cpu_flags
 
 rng = np.random.default_rng(0)
@@ -30,18 +31,7 @@ K, N = 512, 37
 
 def random_blocks(qtype: GGMLQuantizationType, n: int, k: int) -> np.ndarray:
     """``[n, bytes per row]`` random blocks: random quants, fp16 scales (and mins) of a plausible size."""
-    elems, size = GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(n, k // elems, size), dtype=np.uint8)
-
-    def put_half(offset: int, scale: float) -> None:
-        value = (rng.standard_normal((n, k // elems)) * scale).astype(np.float16)
-        raw[:, :, offset : offset + 2] = value.view(np.uint8).reshape(n, k // elems, 2)
-
-    offsets = {GGMLQuantizationType.Q6_K: [208], GGMLQuantizationType.Q4_K: [0, 2], GGMLQuantizationType.Q5_K: [0, 2],
-               GGMLQuantizationType.Q4_1: [0, 2], GGMLQuantizationType.Q5_1: [0, 2]}
-    for offset in offsets.get(qtype, [0]):
-        put_half(offset, 0.01)
-    return raw.reshape(n, -1)
+    return gguf_random_blocks(int(qtype), n, k, rng)
 
 
 def as_kernel_sees(x: np.ndarray) -> np.ndarray:

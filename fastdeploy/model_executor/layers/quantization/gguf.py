@@ -57,6 +57,26 @@ def check_blocks(loaded: Any, where: str, shape: tuple[int, int]) -> GGUFBlocks:
     return loaded
 
 
+def random_blocks(ggml_type: int, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Synthetic GGUF weights ``[rows, bytes per row]`` for kernel tests and benchmarks.
+
+    Random quants (every byte pattern is a valid block) with fp16 scales and mins of a
+    plausible size (~0.01): gguf-py cannot quantize the K-quants, and timings do not depend
+    on the values.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    qtype = GGMLQuantizationType(ggml_type)
+    elems, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, k // elems, size), dtype=np.uint8)
+    # Byte offsets of the fp16 scale (and min) fields in a block.
+    fp16_fields = {"Q6_K": [208], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q4_1": [0, 2], "Q5_1": [0, 2]}
+    for offset in fp16_fields.get(qtype.name, [0]):
+        value = (rng.standard_normal((rows, k // elems)) * 0.01).astype(np.float16)
+        raw[:, :, offset : offset + 2] = value.view(np.uint8).reshape(rows, k // elems, 2)
+    return raw.reshape(rows, -1)
+
+
 def dequantize_rows(qweight: paddle.Tensor, ggml_type: int, rows: int, dim: int) -> paddle.Tensor:
     """All ``rows`` rows of a block table as fp32 ``[rows, dim]`` (inspection and export, not the forward)."""
     return ops.gguf_embedding(paddle.arange(rows, dtype="int64"), qweight, ggml_type, dim)
