@@ -108,12 +108,16 @@ constexpr BlockShape block_shape(int type) {
 }
 
 // The activations as the kernel sees them: per row, k int8 values, k / 32 scales and
-// k / 16 half-block sums (dx * sum of the half's int8 values).
+// k / 16 half-block sums (dx * sum of the half's int8 values; rows of half_stride, a multiple
+// of 8 padded with zeros).
 struct QuantizedActs {
   const int8_t* q;
   const float* d;
   const float* half_sums;
+  int64_t half_stride;
 };
+
+inline int64_t half_stride(int64_t k) { return (k / 16 + 7) / 8 * 8; }
 
 // One row: dx = max|x| / 127, q = nearbyint(x / dx) (the same float operations as the tests'
 // reference), exact in any vectorization.
@@ -227,6 +231,15 @@ struct Ops {
     for (int i = 0; i < 8; ++i) acc.f[i] += static_cast<float>(l.l[i]) * s.f[i];
     return acc;
   }
+  static F loadf(const float* p) {
+    F v;
+    std::memcpy(v.f, p, sizeof(v.f));
+    return v;
+  }
+  static F fmaf(const F& a, const F& b, F acc) {
+    for (int i = 0; i < 8; ++i) acc.f[i] += a.f[i] * b.f[i];
+    return acc;
+  }
   static float sum(const F& v) {
     return ((v.f[0] + v.f[4]) + (v.f[1] + v.f[5])) + ((v.f[2] + v.f[6]) + (v.f[3] + v.f[7]));
   }
@@ -277,6 +290,8 @@ struct Avx2Common {
   static F splat(float s) { return _mm256_set1_ps(s); }
   static F splat2(float s0, float s1) { return _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)); }
   static F fma(I l, F s, F acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), s, acc); }
+  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static F fmaf(F a, F b, F acc) { return _mm256_fmadd_ps(a, b, acc); }
   static float sum(F v) {
     const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
@@ -357,18 +372,18 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
                const float* bias, int64_t n, int isa, float* out) {
   if (m == 0 || n == 0) return;
   PD_CHECK(isa_supported(isa), "fd_gguf_linear: this CPU cannot run kernel path " + std::to_string(isa) + ".");
-  const int64_t subs = k / 32;
+  const int64_t subs = k / 32, stride = half_stride(k);
   thread_local std::vector<int8_t> q_buf;
   thread_local std::vector<float> d_buf, sums_buf;
   q_buf.resize(m * k);
   d_buf.resize(m * subs);
-  sums_buf.resize(m * subs * 2);
+  sums_buf.assign(m * stride, 0.0f);
   int8_t* q = q_buf.data();
   float* d = d_buf.data();
   float* sums = sums_buf.data();
 #pragma omp parallel for schedule(static) if (m >= 16)
-  for (int64_t r = 0; r < m; ++r) quantize_row(x + r * k, k, q + r * k, d + r * subs, sums + r * subs * 2);
-  const QuantizedActs acts{q, d, sums};
+  for (int64_t r = 0; r < m; ++r) quantize_row(x + r * k, k, q + r * k, d + r * subs, sums + r * stride);
+  const QuantizedActs acts{q, d, sums, stride};
 
   // Each thread takes a contiguous range of every segment's columns (in groups of 4): the
   // weights are read once in all, and which thread computes a column changes nothing in it.

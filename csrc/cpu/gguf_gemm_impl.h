@@ -12,7 +12,8 @@
 //   load(p), store(v, p)  32 raw bytes
 //   dot_u(u, x)           lane l = sum over i < 4 of u[4l + i] * x[4l + i] (u unsigned, < 64)
 //   dot_s(w, x)           the same for signed weights, plus kSignedBias * the same sum of x
-//   zero(), splat(s), splat2(s0, s1) (lanes 0-3 s0, 4-7 s1), mul(a, b), fma(l, s, acc) = acc + l * s, sum(acc)
+//   zero(), splat(s), splat2(s0, s1) (lanes 0-3 s0, 4-7 s1), fma(l, s, acc) = acc + l * s, sum(acc)
+//   loadf(p) 8 floats, fmaf(a, b, acc) = acc + a * b
 //   half(h)               fp16 bits -> fp32
 //
 // Block types (the structs of gguf_gemm.cc) give the bytes and scales of each sub-block j of
@@ -97,27 +98,28 @@ constexpr int offset() {
 
 // ---------------------------------------------------------------- the GEMM
 
-// R rows x C columns of out: every (row, column) is one independent chain over the sub-blocks
-// of K in order (8 fp32 lanes, then the lane sum, then the scalar terms), whatever tile computes
-// it, so a row's result never depends on the rest of the batch or on the thread count.
+// R rows x C columns of out. Every (row, column) is the same chain whatever tile computes it,
+// so a row's result never depends on the rest of the batch or on the thread count: 8 fp32
+// lanes accumulate the scaled integer dot products over the sub-blocks of K in order and are
+// summed, then the min / offset term is added as one dot product over the half-blocks
+// (coefficients of the column, in `coef`, times the row's half-block sums).
 template <class B, int R, int C>
 void tile(const QuantizedActs& a, int64_t k, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t c0,
-          const float* bias, float* out, int64_t ldo) {
+          const float* bias, float* out, int64_t ldo, float* coef) {
   constexpr int off = offset<B>();
-  constexpr bool kScalarTerm = off != 0 || B::kHasMin;
-  const int64_t subs = k / 32;
+  constexpr bool kTerm = off != 0 || B::kHasMin;
+  const int64_t subs = k / 32, stride = a.half_stride;
   typename Ops::F acc[R][C];
-  float acc_s[R][C];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      acc[r][c] = Ops::zero();
-      acc_s[r][c] = 0.0f;
-    }
+    for (int c = 0; c < C; ++c) acc[r][c] = Ops::zero();
   const uint8_t* wc[C];
 #pragma GCC unroll 4
-  for (int c = 0; c < C; ++c) wc[c] = w + (c0 + c) * row_bytes;
+  for (int c = 0; c < C; ++c) {
+    wc[c] = w + (c0 + c) * row_bytes;
+    if constexpr (kTerm) std::fill(coef + c * stride + 2 * subs, coef + (c + 1) * stride, 0.0f);
+  }
   for (int64_t s = 0; s < subs; ++s) {
     const int64_t blk = s / B::kSubs;
     const int j = static_cast<int>(s % B::kSubs);
@@ -126,6 +128,10 @@ void tile(const QuantizedActs& a, int64_t k, const uint8_t* w, int64_t row_bytes
       const uint8_t* block = wc[c] + blk * B::kBytes;
       const typename Ops::V u = bytes(B{}, block, j);
       const SubScales sc = scales(B{}, block, j);
+      if constexpr (kTerm) {
+        coef[c * stride + 2 * s] = sc.m - off * sc.d0;
+        coef[c * stride + 2 * s + 1] = sc.m - off * sc.d1;
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const int64_t row = r0 + r;
@@ -134,15 +140,6 @@ void tile(const QuantizedActs& a, int64_t k, const uint8_t* w, int64_t row_bytes
         const float dx = a.d[row * subs + s];
         const typename Ops::F scale = B::kSplitScale ? Ops::splat2(dx * sc.d0, dx * sc.d1) : Ops::splat(dx * sc.d0);
         acc[r][c] = Ops::fma(l, scale, acc[r][c]);
-        if constexpr (kScalarTerm) {
-          // dx * sum(q_x) per half-block, times the min and the offset of the weights.
-          const float* hs = a.half_sums + (row * subs + s) * 2;
-          if constexpr (B::kSplitScale) {
-            acc_s[r][c] += sc.m * (hs[0] + hs[1]) - off * (sc.d0 * hs[0] + sc.d1 * hs[1]);
-          } else {
-            acc_s[r][c] += (sc.m - off * sc.d0) * (hs[0] + hs[1]);
-          }
-        }
       }
     }
   }
@@ -151,7 +148,14 @@ void tile(const QuantizedActs& a, int64_t k, const uint8_t* w, int64_t row_bytes
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
       const int64_t col = c0 + c;
-      out[(r0 + r) * ldo + col] = Ops::sum(acc[r][c]) + acc_s[r][c] + (bias != nullptr ? bias[col] : 0.0f);
+      float term = 0.0f;
+      if constexpr (kTerm) {
+        typename Ops::F t = Ops::zero();
+        const float* hs = a.half_sums + (r0 + r) * stride;
+        for (int64_t i = 0; i < stride; i += 8) t = Ops::fmaf(Ops::loadf(coef + c * stride + i), Ops::loadf(hs + i), t);
+        term = Ops::sum(t);
+      }
+      out[(r0 + r) * ldo + col] = Ops::sum(acc[r][c]) + term + (bias != nullptr ? bias[col] : 0.0f);
     }
 }
 
@@ -163,11 +167,11 @@ constexpr int cols_for_rows() {
 
 template <class B, int R>
 void row_block(const QuantizedActs& a, int64_t k, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t cb,
-               int64_t ce, const float* bias, float* out, int64_t ldo) {
+               int64_t ce, const float* bias, float* out, int64_t ldo, float* coef) {
   constexpr int C = cols_for_rows<R>();
   int64_t c = cb;
-  for (; c + C <= ce; c += C) tile<B, R, C>(a, k, w, row_bytes, r0, c, bias, out, ldo);
-  for (; c < ce; ++c) tile<B, R, 1>(a, k, w, row_bytes, r0, c, bias, out, ldo);
+  for (; c + C <= ce; c += C) tile<B, R, C>(a, k, w, row_bytes, r0, c, bias, out, ldo, coef);
+  for (; c < ce; ++c) tile<B, R, 1>(a, k, w, row_bytes, r0, c, bias, out, ldo, coef);
 }
 
 constexpr int kMaxTileRows = 4;
@@ -179,14 +183,18 @@ void columns(const QuantizedActs& a, int64_t m, int64_t k, const uint8_t* w, int
              const float* bias, float* out, int64_t ldo) {
   const int64_t row_bytes = k / B::kElems * B::kBytes;
   constexpr int64_t kColChunk = 16;
+  // The min / offset coefficients of the columns of one tile (at most 4), per half-block.
+  thread_local std::vector<float> coef_buf;
+  coef_buf.resize(4 * a.half_stride);
+  float* coef = coef_buf.data();
   for (int64_t cc = cb; cc < ce; cc += kColChunk) {
     const int64_t cce = std::min(ce, cc + kColChunk);
     for (int64_t r = 0; r < m; r += kMaxTileRows) {
       switch (std::min<int64_t>(kMaxTileRows, m - r)) {
-        case 1: row_block<B, 1>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo); break;
-        case 2: row_block<B, 2>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo); break;
-        case 3: row_block<B, 3>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo); break;
-        default: row_block<B, 4>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo); break;
+        case 1: row_block<B, 1>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo, coef); break;
+        case 2: row_block<B, 2>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo, coef); break;
+        case 3: row_block<B, 3>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo, coef); break;
+        default: row_block<B, 4>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo, coef); break;
       }
     }
   }
