@@ -16,7 +16,7 @@ in how a checkpoint is loaded into them. Checkpoint weights arrive in Hugging Fa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import paddle
@@ -33,6 +33,16 @@ if TYPE_CHECKING:
 
 # Compute dtypes the packed-weight kernel takes.
 PACKED_DTYPES = ("float32", "bfloat16")
+
+
+class KernelWeight(NamedTuple):
+    """A linear layer's weight as the fused decoder-layer kernel (``fd_decoder_layer``) takes it."""
+
+    weight: paddle.Tensor  # packed for the linear kernel, or GGUF blocks
+    bias: paddle.Tensor | None
+    dtype: str  # "bfloat16" / "float32" (packed), or "gguf"
+    segments: list[int]  # GGUF (type, rows) pairs; empty when packed
+    gguf_isa: int = 0  # the GGUF kernel path
 
 
 class LinearMethodBase(QuantizeMethodBase):
@@ -53,6 +63,10 @@ class LinearMethodBase(QuantizeMethodBase):
     def weight_loader(self, layer: LinearBase, param: paddle.Tensor, loaded: Any, shard_id: object = None) -> bool:
         """Load a checkpoint tensor the method keeps in its own form; False leaves it to the layer's loader."""
         return False
+
+    def kernel_weight(self, layer: LinearBase) -> KernelWeight | None:
+        """The processed weight for the fused decoder-layer kernel; None where that kernel cannot take it."""
+        return None
 
     def tie_weights(self, layer: LinearBase, embedding: nn.Layer) -> None:
         """Make ``layer`` (an LM head) multiply with ``embedding``'s table (tied word embeddings)."""
@@ -96,6 +110,12 @@ class UnquantizedLinearMethod(LinearMethodBase):
         # F.linear's fused path is slower than matmul + add on CPU.
         out = paddle.matmul(x, layer.weight)
         return out if layer.bias is None else out + layer.bias
+
+    def kernel_weight(self, layer: LinearBase) -> KernelWeight | None:
+        if layer._packed_args is None:
+            return None
+        packed, bias, _, dtype = layer._packed_args
+        return KernelWeight(packed, bias, dtype, [])
 
     def tie_weights(self, layer: LinearBase, embedding: nn.Layer) -> None:
         # A transposed copy: on CPU matmul(x, W) is ~1.7x faster than matmul(x, E, transpose_y=True) at batch 1.

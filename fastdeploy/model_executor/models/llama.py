@@ -187,25 +187,25 @@ class LlamaDecoderLayer(nn.Layer):
     _fused_args: tuple | None = None
 
     def process_weights_after_loading(self) -> None:
-        """Switch to the fused kernel when the platform built it and every matmul of the layer is packed."""
+        """Switch to the fused kernel when the platform built it and every matmul of the layer is packed (or GGUF)."""
         object.__setattr__(self, "_fused_args", self._build_fused_args())
 
     def _build_fused_args(self) -> tuple | None:
         attn, mlp = self.self_attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not self._fusable or not all(m.is_packed for m in linears):
+        weights = [m.quant_method.kernel_weight(m) for m in linears]
+        if not self._fusable or any(w is None for w in weights):
             return None
-        if len({m._packed_args[3] for m in linears}) != 1:  # one compute dtype for the whole layer
+        if len({w.dtype for w in weights}) != 1:  # one compute dtype (or GGUF) for the whole layer
             return None
-        (qkv, qkv_b, _, dtype), (o, o_b, _, _), (gu, gu_b, _, _), (down, down_b, _, _) = (
-            m._packed_args for m in linears
-        )
+        qkv, o, gu, down = weights
         qk_norm_w, qk_eps = attn.qk_norm.kernel_args() if attn.qk_norm is not None else (None, 0.0)
         norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
-        before = (norm_in.weight, qkv, qkv_b, qk_norm_w, attn.rotary_emb.kernel_cos_sin)
+        before = (norm_in.weight, qkv.weight, qkv.bias, qk_norm_w, attn.rotary_emb.kernel_cos_sin)
         after = (
-            o, o_b, norm_post.weight, gu, gu_b, down, down_b, attn.num_heads, self.intermediate_size,
-            norm_in.variance_epsilon, qk_eps, attn.rotary_emb.is_neox_style, attn.attn.scale, dtype,
+            o.weight, o.bias, norm_post.weight, gu.weight, gu.bias, down.weight, down.bias, attn.num_heads,
+            self.intermediate_size, norm_in.variance_epsilon, qk_eps, attn.rotary_emb.is_neox_style, attn.attn.scale,
+            qkv.dtype, qkv.segments, o.segments, gu.segments, down.segments, qkv.gguf_isa,
         )  # fmt: skip
         return before, after
 

@@ -22,7 +22,7 @@ from paddle import nn
 from fastdeploy import _custom_ops as ops
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.custom_op import get_op_backend
-from fastdeploy.model_executor.layers.linear import LinearBase, LinearMethodBase
+from fastdeploy.model_executor.layers.linear import KernelWeight, LinearBase, LinearMethodBase
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from fastdeploy.model_executor.utils import new_parameter
@@ -197,6 +197,13 @@ class GGUFLinearMethod(LinearMethodBase):
 
     def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
         return ops.gguf_linear(x, *layer._gguf_args)
+
+    def kernel_weight(self, layer: LinearBase) -> KernelWeight | None:
+        args = getattr(layer, "_gguf_args", None)
+        if args is None:
+            return None
+        qweight, bias, segments, isa = args
+        return KernelWeight(qweight, bias, "gguf", segments, isa)
 
     def dense_weight(self, layer: LinearBase) -> paddle.Tensor:
         qweight, _, segments, _ = layer._gguf_args
