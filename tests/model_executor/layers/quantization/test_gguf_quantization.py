@@ -109,3 +109,26 @@ def test_the_default_model_served_in_its_blocks_agrees_with_the_dequantized_path
             tok = a.token_ids[i]
             assert abs(a.logprobs[i][tok].logprob - b.logprobs[i][tok].logprob) < 0.5
     assert min(agreed) >= 4 and sum(agreed) >= 40, agreed
+
+
+def test_without_the_block_kernels_or_a_model_class_for_it_gguf_is_refused():
+    from types import SimpleNamespace
+
+    from fastdeploy.model_executor.custom_op import set_op_backend
+    from fastdeploy.model_executor.model_loader.loader import _quantization_kwargs
+    from fastdeploy.model_executor.models.llama import LlamaForCausalLM
+    from fastdeploy.platforms.interface import OpBackend
+
+    with set_op_backend(OpBackend()), pytest.raises(RuntimeError, match="needs the C\\+\\+ block kernels"):
+        GGUFConfig()
+
+    class DenseOnly:  # a model class without quant_config, as the PaddleFormers backend
+        def __init__(self, hf_config, dtype="float32"):
+            pass
+
+    gguf = SimpleNamespace(quantization="gguf")
+    with pytest.raises(ValueError, match="quantization='gguf' is not built for DenseOnly"):
+        _quantization_kwargs(gguf, DenseOnly, "auto")
+    with pytest.raises(ValueError, match="load_format='dummy' has none to keep"):
+        _quantization_kwargs(gguf, LlamaForCausalLM, "dummy")
+    assert _quantization_kwargs(SimpleNamespace(quantization=None), DenseOnly, "dummy") == {}
