@@ -198,23 +198,27 @@ struct Ops {
     return v;
   }
   static void store(const V& v, uint8_t* p) { std::memcpy(p, v.b, 32); }
-  static I dot_u(const V& u, const int8_t* x) {
-    I r;
-    for (int l = 0; l < 8; ++l) {
-      int32_t s = 0;
-      for (int i = 0; i < 4; ++i) s += static_cast<int32_t>(u.b[4 * l + i]) * x[4 * l + i];
-      r.l[l] = s;
-    }
-    return r;
+  struct T {
+    V u[8];
+  };
+  static constexpr int kRows = 4;
+  template <bool kSigned>
+  static T transpose(const V* u) {
+    T t;
+    for (int c = 0; c < 8; ++c) t.u[c] = u[c];
+    return t;
   }
-  static I dot_s(const V& w, const int8_t* x) {
-    I r;
-    for (int l = 0; l < 8; ++l) {
-      int32_t s = 0;
-      for (int i = 0; i < 4; ++i) s += static_cast<int32_t>(static_cast<int8_t>(w.b[4 * l + i])) * x[4 * l + i];
-      r.l[l] = s;
+  template <bool kSigned>
+  static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
+    for (int c = 0; c < 8; ++c) {
+      int32_t sums[2] = {0, 0};
+      for (int i = 0; i < 32; ++i) {
+        const int32_t w = kSigned ? static_cast<int8_t>(t.u[c].b[i]) : t.u[c].b[i];
+        sums[i / 16] += w * x[i];
+      }
+      lo.l[c] = sums[0];
+      hi.l[c] = sums[1];
     }
-    return r;
   }
   static F zero() { return F{}; }
   static F splat(float s) {
@@ -222,26 +226,31 @@ struct Ops {
     for (float& f : v.f) f = s;
     return v;
   }
-  static F splat2(float s0, float s1) {
-    F v;
-    for (int i = 0; i < 8; ++i) v.f[i] = i < 4 ? s0 : s1;
-    return v;
-  }
-  static F fma(const I& l, const F& s, F acc) {
-    for (int i = 0; i < 8; ++i) acc.f[i] += static_cast<float>(l.l[i]) * s.f[i];
-    return acc;
-  }
   static F loadf(const float* p) {
     F v;
     std::memcpy(v.f, p, sizeof(v.f));
     return v;
   }
-  static F fmaf(const F& a, const F& b, F acc) {
-    for (int i = 0; i < 8; ++i) acc.f[i] += a.f[i] * b.f[i];
+  static void storef(const F& v, float* p) { std::memcpy(p, v.f, sizeof(v.f)); }
+  static F add(F a, const F& b) {
+    for (int i = 0; i < 8; ++i) a.f[i] += b.f[i];
+    return a;
+  }
+  static F mul(F a, const F& b) {
+    for (int i = 0; i < 8; ++i) a.f[i] *= b.f[i];
+    return a;
+  }
+  static I add_i(I a, const I& b) {
+    for (int i = 0; i < 8; ++i) a.l[i] += b.l[i];
+    return a;
+  }
+  static F fma(const I& l, const F& s, F acc) {
+    for (int i = 0; i < 8; ++i) acc.f[i] = std::fma(static_cast<float>(l.l[i]), s.f[i], acc.f[i]);
     return acc;
   }
-  static float sum(const F& v) {
-    return ((v.f[0] + v.f[4]) + (v.f[1] + v.f[5])) + ((v.f[2] + v.f[6]) + (v.f[3] + v.f[7]));
+  static F fmaf(const F& a, const F& b, F acc) {
+    for (int i = 0; i < 8; ++i) acc.f[i] = std::fma(a.f[i], b.f[i], acc.f[i]);
+    return acc;
   }
   static float half(uint16_t h) { return half_to_float(h); }
 };
@@ -286,32 +295,68 @@ struct Avx2Common {
   }
   static V load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static void store(V v, uint8_t* p) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+  // The 8 columns' sub-blocks as 8 registers of 4-byte groups: register g holds bytes 4g..4g+3
+  // of every column (column c in lane c), an 8 x 8 transpose of 32-bit elements.
+  struct T {
+    __m256i g[8];
+  };
+  static T transpose_bytes(const V* u) {
+    __m256i t[8], q[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_epi32(u[2 * i], u[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_epi32(u[2 * i], u[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i) {
+      q[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+      q[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+      q[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+      q[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    T r;
+    for (int g = 0; g < 4; ++g) {
+      r.g[g] = _mm256_permute2x128_si256(q[g], q[g + 4], 0x20);
+      r.g[g + 4] = _mm256_permute2x128_si256(q[g], q[g + 4], 0x31);
+    }
+    return r;
+  }
+  static __m256i group(const int8_t* x, int g) {
+    int32_t v;
+    std::memcpy(&v, x + 4 * g, sizeof(v));
+    return _mm256_set1_epi32(v);
+  }
   static F zero() { return _mm256_setzero_ps(); }
   static F splat(float s) { return _mm256_set1_ps(s); }
-  static F splat2(float s0, float s1) { return _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)); }
-  static F fma(I l, F s, F acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), s, acc); }
   static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static void storef(F v, float* p) { _mm256_storeu_ps(p, v); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
+  static F fma(I l, F s, F acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), s, acc); }
   static F fmaf(F a, F b, F acc) { return _mm256_fmadd_ps(a, b, acc); }
-  static float sum(F v) {
-    const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 pairs = _mm_add_ps(half, _mm_movehl_ps(half, half));
-    return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_movehdup_ps(pairs)));
-  }
   static float half(uint16_t h) { return _cvtsh_ss(h); }
 };
 
 struct Ops : Avx2Common {
   static constexpr int kSignedBias = 0;
-  // u < 64: a pair of u * x never reaches int16's limit in vpmaddubsw.
-  static I dot_u(V u, const int8_t* x) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), _mm256_set1_epi16(1));
+  static constexpr int kRows = 2;  // 16 registers: the 8 transposed groups and 2 x 2 accumulators
+  template <bool kSigned>
+  static T transpose(const V* u) {
+    return transpose_bytes(u);
   }
-  // Signed weights: |w| * (x with w's sign), at most 128 * 127 per product.
-  static I dot_s(V w, const int8_t* x) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    const __m256i prod = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
-    return _mm256_madd_epi16(prod, _mm256_set1_epi16(1));
+  // Unsigned u < 64: a pair of u * x never reaches int16's limit in vpmaddubsw. Signed weights
+  // multiply as |w| * (x with w's sign), at most 128 * 127 per product.
+  template <bool kSigned>
+  static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int g = 0; g < 8; ++g) {
+      const __m256i xg = group(x, g);
+      const __m256i pairs = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(t.g[g], t.g[g]), _mm256_sign_epi8(xg, t.g[g]))
+                                    : _mm256_maddubs_epi16(t.g[g], xg);
+      sums[g / 4] = _mm256_add_epi32(sums[g / 4], _mm256_madd_epi16(pairs, ones));
+    }
+    lo = sums[0];
+    hi = sums[1];
   }
 };
 
@@ -328,14 +373,20 @@ namespace gguf_vnni {
 
 struct Ops : gguf_avx2::Avx2Common {
   static constexpr int kSignedBias = 128;
-  static I dot_u(V u, const int8_t* x) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, xv);
-  }
+  static constexpr int kRows = 8;  // 32 registers: the 8 transposed groups and 8 x 2 accumulators
   // Signed weights as w + 128 (unsigned); the 128 * sum(x) is taken off with the offset term.
-  static I dot_s(V w, const int8_t* x) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_xor_si256(w, _mm256_set1_epi8(-128)), xv);
+  template <bool kSigned>
+  static T transpose(const V* u) {
+    if (!kSigned) return transpose_bytes(u);
+    V biased[8];
+    for (int c = 0; c < 8; ++c) biased[c] = _mm256_xor_si256(u[c], _mm256_set1_epi8(-128));
+    return transpose_bytes(biased);
+  }
+  template <bool kSigned>
+  static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
+    lo = hi = _mm256_setzero_si256();
+    for (int g = 0; g < 4; ++g) lo = _mm256_dpbusd_epi32(lo, t.g[g], group(x, g));
+    for (int g = 4; g < 8; ++g) hi = _mm256_dpbusd_epi32(hi, t.g[g], group(x, g));
   }
 };
 
@@ -385,9 +436,9 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
   for (int64_t r = 0; r < m; ++r) quantize_row(x + r * k, k, q + r * k, d + r * subs, sums + r * stride);
   const QuantizedActs acts{q, d, sums, stride};
 
-  // Each thread takes a contiguous range of every segment's columns (in groups of 4): the
-  // weights are read once in all, and which thread computes a column changes nothing in it.
-  constexpr int64_t kGroup = 4;
+  // Each thread takes a contiguous range of every segment's columns (in groups of 8, a tile):
+  // the weights are read once in all, and which thread computes a column changes nothing in it.
+  constexpr int64_t kGroup = 8;
   const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, n / 64)));
 #pragma omp parallel num_threads(threads)
   {

@@ -3,17 +3,18 @@
 // paths) inside a `#pragma GCC target` region, so every function here is compiled for that
 // path's instructions whatever -march the library is built with. No include guard on purpose.
 //
-// `Ops` (defined by the includer) provides, for one 32-element sub-block:
-//   V  32 weight bytes; I  8 x int32 lanes; F  8 x fp32 lanes
+// `Ops` (defined by the includer) provides, for 32-element sub-blocks:
+//   V  32 weight bytes; T  the sub-blocks of 8 columns transposed; I  8 x int32; F  8 x fp32
 //   nibbles16(p)          [p[i] & 15 for i < 16] then [p[i] >> 4 for i < 16]
 //   nibbles32(p, shift)   (p[i] >> shift) & 15 for i < 32
 //   or_bits(v, bits)      v[i] |= 16 where bit i of `bits` is set
 //   or_high(v, p, shift, mask)  v[i] |= ((p[i] >> shift) & mask) << 4
 //   load(p), store(v, p)  32 raw bytes
-//   dot_u(u, x)           lane l = sum over i < 4 of u[4l + i] * x[4l + i] (u unsigned, < 64)
-//   dot_s(w, x)           the same for signed weights, plus kSignedBias * the same sum of x
-//   zero(), splat(s), splat2(s0, s1) (lanes 0-3 s0, 4-7 s1), fma(l, s, acc) = acc + l * s, sum(acc)
-//   loadf(p) 8 floats, fmaf(a, b, acc) = acc + a * b
+//   transpose<signed>(u[8])  the 8 columns' bytes arranged for dot
+//   dot<signed>(t, x, lo, hi)  lane c: sum of u_c[i] * x[i] over i < 16 (lo) and 16 <= i < 32 (hi),
+//                         u unsigned (< 64) or signed bytes; signed ones plus kSignedBias * sum(x)
+//   zero(), splat(s), loadf(p), storef(v, p), add(a, b), mul(a, b), add_i(a, b)
+//   fma(l, s, acc) = acc + float(l) * s, fmaf(a, b, acc) = acc + a * b
 //   half(h)               fp16 bits -> fp32
 //
 // Block types (the structs of gguf_gemm.cc) give the bytes and scales of each sub-block j of
@@ -98,103 +99,99 @@ constexpr int offset() {
 
 // ---------------------------------------------------------------- the GEMM
 
-// R rows x C columns of out. Every (row, column) is the same chain whatever tile computes it,
-// so a row's result never depends on the rest of the batch or on the thread count: 8 fp32
-// lanes accumulate the scaled integer dot products over the sub-blocks of K in order and are
-// summed, then the min / offset term is added as one dot product over the half-blocks
-// (coefficients of the column, in `coef`, times the row's half-block sums).
-template <class B, int R, int C>
+constexpr int kCols = 8;  // columns per tile: one per lane
+
+// R rows x 8 columns of out, each column in its own lane. Per sub-block, the 8 columns' bytes
+// are unpacked once and transposed (Ops::transpose) so that one instruction per 4 elements
+// gives all 8 columns' integer dot products with a row; then per row
+//     acc = fma(float(dot), dx * dw, acc)     (and, for Q6_K, once per half-block)
+//     acc_t = fma(dx * sum(q), mw - offset * dw, acc_t)     (formats with a min or an offset)
+// in the order of K, and out = (acc + acc_t) + bias. Every (row, column) is this chain
+// whatever tile computes it, so a row's result never depends on the rest of the batch or on
+// the thread count. Columns past `ncols` repeat the last one and are not stored.
+template <class B, int R>
 void tile(const QuantizedActs& a, int64_t k, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t c0,
-          const float* bias, float* out, int64_t ldo, float* coef) {
+          int64_t ncols, const float* bias, float* out, int64_t ldo) {
   constexpr int off = offset<B>();
   constexpr bool kTerm = off != 0 || B::kHasMin;
   const int64_t subs = k / 32, stride = a.half_stride;
-  typename Ops::F acc[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = Ops::zero();
-  const uint8_t* wc[C];
-#pragma GCC unroll 4
-  for (int c = 0; c < C; ++c) {
-    wc[c] = w + (c0 + c) * row_bytes;
-    if constexpr (kTerm) std::fill(coef + c * stride + 2 * subs, coef + (c + 1) * stride, 0.0f);
-  }
+  typename Ops::F acc[R], acc_t[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = acc_t[r] = Ops::zero();
+  const uint8_t* wc[kCols];
+  for (int c = 0; c < kCols; ++c) wc[c] = w + (c0 + std::min<int64_t>(c, ncols - 1)) * row_bytes;
   for (int64_t s = 0; s < subs; ++s) {
     const int64_t blk = s / B::kSubs;
     const int j = static_cast<int>(s % B::kSubs);
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
+    typename Ops::V u[kCols];
+    alignas(32) float d0[kCols], d1[kCols], cf0[kCols], cf1[kCols];
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) {
       const uint8_t* block = wc[c] + blk * B::kBytes;
-      const typename Ops::V u = bytes(B{}, block, j);
+      u[c] = bytes(B{}, block, j);
       const SubScales sc = scales(B{}, block, j);
-      if constexpr (kTerm) {
-        coef[c * stride + 2 * s] = sc.m - off * sc.d0;
-        coef[c * stride + 2 * s + 1] = sc.m - off * sc.d1;
+      d0[c] = sc.d0;
+      d1[c] = sc.d1;
+      cf0[c] = sc.m - off * sc.d0;
+      cf1[c] = sc.m - off * sc.d1;
+    }
+    const typename Ops::T t = Ops::template transpose<B::kSigned>(u);
+    const typename Ops::F d0v = Ops::loadf(d0), d1v = Ops::loadf(d1), cf0v = Ops::loadf(cf0), cf1v = Ops::loadf(cf1);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = r0 + r;
+      typename Ops::I lo, hi;
+      Ops::template dot<B::kSigned>(t, a.q + row * k + s * 32, lo, hi);
+      const typename Ops::F dx = Ops::splat(a.d[row * subs + s]);
+      if constexpr (B::kSplitScale) {
+        acc[r] = Ops::fma(lo, Ops::mul(dx, d0v), acc[r]);
+        acc[r] = Ops::fma(hi, Ops::mul(dx, d1v), acc[r]);
+      } else {
+        acc[r] = Ops::fma(Ops::add_i(lo, hi), Ops::mul(dx, d0v), acc[r]);
       }
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        const int64_t row = r0 + r;
-        const int8_t* x = a.q + row * k + s * 32;
-        const typename Ops::I l = B::kSigned ? Ops::dot_s(u, x) : Ops::dot_u(u, x);
-        const float dx = a.d[row * subs + s];
-        const typename Ops::F scale = B::kSplitScale ? Ops::splat2(dx * sc.d0, dx * sc.d1) : Ops::splat(dx * sc.d0);
-        acc[r][c] = Ops::fma(l, scale, acc[r][c]);
+      if constexpr (kTerm) {
+        const float* hs = a.half_sums + row * stride + 2 * s;
+        if constexpr (B::kSplitScale) {
+          acc_t[r] = Ops::fmaf(Ops::splat(hs[0]), cf0v, acc_t[r]);
+          acc_t[r] = Ops::fmaf(Ops::splat(hs[1]), cf1v, acc_t[r]);
+        } else {
+          acc_t[r] = Ops::fmaf(Ops::splat(hs[0] + hs[1]), cf0v, acc_t[r]);
+        }
       }
     }
   }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      const int64_t col = c0 + c;
-      float term = 0.0f;
-      if constexpr (kTerm) {
-        typename Ops::F t = Ops::zero();
-        const float* hs = a.half_sums + (r0 + r) * stride;
-        for (int64_t i = 0; i < stride; i += 8) t = Ops::fmaf(Ops::loadf(coef + c * stride + i), Ops::loadf(hs + i), t);
-        term = Ops::sum(t);
-      }
-      out[(r0 + r) * ldo + col] = Ops::sum(acc[r][c]) + term + (bias != nullptr ? bias[col] : 0.0f);
-    }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float v[kCols];
+    Ops::storef(Ops::add(acc[r], acc_t[r]), v);
+    float* dst = out + (r0 + r) * ldo + c0;
+    for (int c = 0; c < ncols; ++c) dst[c] = v[c] + (bias != nullptr ? bias[c0 + c] : 0.0f);
+  }
 }
 
-// Columns per tile for R rows: enough independent chains for one row, registers for more.
-template <int R>
-constexpr int cols_for_rows() {
-  return R == 1 ? 4 : 2;
-}
-
+// `rows` (1 .. R) rows of one 8-column tile.
 template <class B, int R>
-void row_block(const QuantizedActs& a, int64_t k, const uint8_t* w, int64_t row_bytes, int64_t r0, int64_t cb,
-               int64_t ce, const float* bias, float* out, int64_t ldo, float* coef) {
-  constexpr int C = cols_for_rows<R>();
-  int64_t c = cb;
-  for (; c + C <= ce; c += C) tile<B, R, C>(a, k, w, row_bytes, r0, c, bias, out, ldo, coef);
-  for (; c < ce; ++c) tile<B, R, 1>(a, k, w, row_bytes, r0, c, bias, out, ldo, coef);
+void tile_rows(int rows, const QuantizedActs& a, int64_t k, const uint8_t* w, int64_t row_bytes, int64_t r0,
+               int64_t c0, int64_t ncols, const float* bias, float* out, int64_t ldo) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_rows<B, R - 1>(rows, a, k, w, row_bytes, r0, c0, ncols, bias, out, ldo);
+  }
+  tile<B, R>(a, k, w, row_bytes, r0, c0, ncols, bias, out, ldo);
 }
 
-constexpr int kMaxTileRows = 4;
-
-// Columns [cb, ce) of out for all rows: one column group at a time (its weights stay in L1)
-// against every row tile.
+// Columns [cb, ce) of out for all rows: a chunk of columns (its weights stay in L1) against
+// every row tile, then the next chunk.
 template <class B>
 void columns(const QuantizedActs& a, int64_t m, int64_t k, const uint8_t* w, int64_t cb, int64_t ce,
              const float* bias, float* out, int64_t ldo) {
   const int64_t row_bytes = k / B::kElems * B::kBytes;
-  constexpr int64_t kColChunk = 16;
-  // The min / offset coefficients of the columns of one tile (at most 4), per half-block.
-  thread_local std::vector<float> coef_buf;
-  coef_buf.resize(4 * a.half_stride);
-  float* coef = coef_buf.data();
+  constexpr int64_t kColChunk = 4 * kCols;
   for (int64_t cc = cb; cc < ce; cc += kColChunk) {
     const int64_t cce = std::min(ce, cc + kColChunk);
-    for (int64_t r = 0; r < m; r += kMaxTileRows) {
-      switch (std::min<int64_t>(kMaxTileRows, m - r)) {
-        case 1: row_block<B, 1>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo, coef); break;
-        case 2: row_block<B, 2>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo, coef); break;
-        case 3: row_block<B, 3>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo, coef); break;
-        default: row_block<B, 4>(a, k, w, row_bytes, r, cc, cce, bias, out, ldo, coef); break;
+    for (int64_t r = 0; r < m; r += Ops::kRows) {
+      const int rows = static_cast<int>(std::min<int64_t>(Ops::kRows, m - r));
+      for (int64_t c = cc; c < cce; c += kCols) {
+        tile_rows<B, Ops::kRows>(rows, a, k, w, row_bytes, r, c, std::min<int64_t>(kCols, cce - c), bias, out, ldo);
       }
     }
   }
