@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fastdeploy import envs
 from fastdeploy.logger import init_logger
 from fastdeploy.platforms.cpu_features import (  # noqa: F401 - the platform's CPU facts, importable from here
     bf16_linear_path,
@@ -47,13 +48,26 @@ def _paddle_fused_rms_norm_works() -> bool:
         return False
 
 
-def gguf_kernel_path() -> str:
-    """The GGUF block kernel path this CPU runs best: integer dot products on AVX512-VNNI
-    (``vpdpbusd``), else AVX2 (``vpmaddubsw``), else plain C++."""
+def gguf_kernel_paths() -> list[str]:
+    """The GGUF block-kernel paths this CPU can run, best first: integer dot products on
+    AVX512-VNNI (``vpdpbusd``), on AVX2 (``vpmaddubsw``), plain C++."""
     flags = cpu_flags()
-    if {"avx512_vnni", "avx512bw", "avx512vl"} <= flags:
-        return "avx512-vnni"
-    return "avx2" if cpu_has_avx2_fma() else "scalar"
+    paths = ["avx512-vnni"] if {"avx512_vnni", "avx512bw", "avx512vl"} <= flags else []
+    return paths + (["avx2"] if cpu_has_avx2_fma() and "f16c" in flags else []) + ["scalar"]
+
+
+def gguf_kernel_path() -> str:
+    """The GGUF block-kernel path: FD_CPU_GGUF_KERNEL when set, else the best this CPU runs.
+
+    Raises:
+        ValueError: FD_CPU_GGUF_KERNEL names a path this CPU cannot run.
+    """
+    wanted, paths = envs.cpu_gguf_kernel(), gguf_kernel_paths()
+    if wanted == "auto":
+        return paths[0]
+    if wanted not in paths:
+        raise ValueError(f"FD_CPU_GGUF_KERNEL={wanted} cannot run on this CPU; it runs: {', '.join(paths)}.")
+    return wanted
 
 
 class CpuPlatform(Platform):

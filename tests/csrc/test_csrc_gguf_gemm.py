@@ -16,15 +16,11 @@ from gguf.quants import dequantize
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.quantization.gguf import GGUF_KERNEL_TYPES, KERNEL_PATHS
 from fastdeploy.model_executor.layers.quantization.gguf import random_blocks as gguf_random_blocks
-from fastdeploy.platforms.cpu_features import cpu_flags
+from fastdeploy.platforms.cpu import gguf_kernel_paths
 
 rng = np.random.default_rng(0)
 TYPES = [GGMLQuantizationType(t) for t in GGUF_KERNEL_TYPES]
-PATHS = ["scalar"]
-if {"avx2", "fma", "f16c"} <= cpu_flags():
-    PATHS.append("avx2")
-if {"avx512_vnni", "avx512bw", "avx512vl"} <= cpu_flags():
-    PATHS.append("avx512-vnni")
+PATHS = gguf_kernel_paths()  # every path this CPU runs
 # K: several blocks, and two 256-element superblocks for the K-quants; N: no multiple of a column tile.
 K, N = 512, 37
 

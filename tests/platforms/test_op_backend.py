@@ -114,3 +114,20 @@ def test_describe_names_each_path():
     assert OpBackend(paddle_fused_rms_norm=True).describe() == (
         "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, decoder layer: per-op, "
         "gguf: paddle")
+
+
+def test_fd_cpu_gguf_kernel_picks_the_gguf_path(monkeypatch):
+    from fastdeploy.platforms.cpu import gguf_kernel_paths
+
+    paths = gguf_kernel_paths()
+    assert paths[-1] == "scalar" and gguf_kernel_path() == paths[0]
+    for path in paths:
+        monkeypatch.setenv("FD_CPU_GGUF_KERNEL", path)
+        assert gguf_kernel_path() == path
+    monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx9")
+    with pytest.raises(ValueError, match="FD_CPU_GGUF_KERNEL must be auto, avx512-vnni, avx2 or scalar"):
+        gguf_kernel_path()
+    if "avx512-vnni" not in paths:
+        monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx512-vnni")
+        with pytest.raises(ValueError, match="cannot run on this CPU"):
+            gguf_kernel_path()
