@@ -131,12 +131,16 @@ void tile(const QuantizedActs& a, int64_t k, const uint8_t* w, int64_t row_bytes
       u[c] = bytes(B{}, block, j);
       const SubScales sc = scales(B{}, block, j);
       d0[c] = sc.d0;
-      d1[c] = sc.d1;
-      cf0[c] = sc.m - off * sc.d0;
-      cf1[c] = sc.m - off * sc.d1;
+      if constexpr (B::kSplitScale) d1[c] = sc.d1;
+      if constexpr (kTerm) cf0[c] = sc.m - off * sc.d0;
+      if constexpr (kTerm && B::kSplitScale) cf1[c] = sc.m - off * sc.d1;
     }
     const typename Ops::T t = Ops::template transpose<B::kSigned>(u);
-    const typename Ops::F d0v = Ops::loadf(d0), d1v = Ops::loadf(d1), cf0v = Ops::loadf(cf0), cf1v = Ops::loadf(cf1);
+    // Only what the format uses is filled and loaded.
+    const typename Ops::F d0v = Ops::loadf(d0);
+    const typename Ops::F d1v = B::kSplitScale ? Ops::loadf(d1) : d0v;
+    const typename Ops::F cf0v = kTerm ? Ops::loadf(cf0) : Ops::zero();
+    const typename Ops::F cf1v = kTerm && B::kSplitScale ? Ops::loadf(cf1) : cf0v;
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
