@@ -10,10 +10,15 @@ greedy sampling.
   ``set_op_backend(OpBackend())``, which is what FD_CPU_KERNELS=0 gives a whole process);
 - ``kernels-fp32``: the C++ kernels with fp32 weights (``--dtype float32``);
 - ``kernels-bf16``: the C++ kernels with bf16 weights and KV cache (``--dtype auto`` where a
-  bf16 kernel is built: oneDNN on AMX / AVX512-BF16, the panel kernel on AVX2).
+  bf16 kernel is built: oneDNN on AMX / AVX512-BF16, the panel kernel on AVX2);
+- ``gguf``: ``--quantization gguf``, the file's Q4_1 / Q8_0 blocks multiplied by the block
+  kernels (csrc/cpu/gguf_gemm.cc), bf16 KV cache where kernels-bf16 has one.
 
 Figures (medians): decode step at batch 1 and 16, each sequence with ``--context`` tokens of
 context, and the prefill of one ``--prefill-len``-token prompt; one process per thread count.
+Beside them, per GGUF format, the matmuls of one decode step (M = 1, LM head included) and of a
+``--prefill-len``-token prefill (LM head excluded) at the default model's shapes, block kernel
+against the bf16 linear kernel, and the peak RSS of each configuration's engine in a fresh process.
 
     python benchmarks/benchmark_kernels.py --threads 1 2
 """
@@ -30,13 +35,15 @@ import subprocess
 import sys
 import time
 
-CONFIGS = {"paddle-fp32": "float32", "kernels-fp32": "float32", "kernels-bf16": "bfloat16"}
+# name -> (dtype, quantization)
+CONFIGS = {"paddle-fp32": ("float32", None), "kernels-fp32": ("float32", None), "kernels-bf16": ("bfloat16", None),
+           "gguf": ("auto", "gguf")}
 
 
 class Setup:
     """One configuration: a worker with its model and KV cache, and requests to drive it."""
 
-    def __init__(self, name: str, dtype: str) -> None:
+    def __init__(self, name: str, dtype: str, quantization: str | None) -> None:
         import numpy as np
 
         from fastdeploy.engine.arg_utils import EngineArgs
@@ -46,7 +53,8 @@ class Setup:
         from fastdeploy.worker.worker import Worker
 
         self.name = name
-        args = EngineArgs(dtype=dtype, max_model_len=2048, kv_cache_memory_bytes=512 << 20, max_num_seqs=32)
+        args = EngineArgs(dtype=dtype, quantization=quantization, max_model_len=2048, kv_cache_memory_bytes=512 << 20,
+                          max_num_seqs=32)
         self.config = args.create_engine_config()
         baseline = set_op_backend(OpBackend()) if name == "paddle-fp32" else contextlib.nullcontext()
         with baseline:
@@ -104,7 +112,7 @@ def measure(configs: list[str], context: int, prefill_len: int, steps: int) -> d
     import resource
 
     load_before = os.getloadavg()
-    setups = [Setup(name, CONFIGS[name]) for name in configs]
+    setups = [Setup(name, *CONFIGS[name]) for name in configs]
     times: dict[str, dict[str, list[float]]] = {s.name: {} for s in setups}
     for _ in range(max(3, steps // 4)):
         for s in setups:
@@ -125,11 +133,79 @@ def measure(configs: list[str], context: int, prefill_len: int, steps: int) -> d
     return result
 
 
-def run_child(threads: int, args: argparse.Namespace) -> dict:
+def _median_ms(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_formats(prefill_len: int) -> dict:
+    """Child process: per GGUF format, the default model's matmuls of a decode step and a prefill (ms)."""
+    import numpy as np
+    import paddle
+
+    from fastdeploy import _custom_ops as ops
+    from fastdeploy.model_executor.custom_op import get_op_backend
+    from fastdeploy.model_executor.layers.quantization.gguf import GGUF_KERNEL_TYPES, KERNEL_PATHS, random_blocks
+    from fastdeploy.transformers_utils.config import get_hf_config
+    from fastdeploy.transformers_utils.model_resolver import resolve_model
+
+    cfg = get_hf_config(*resolve_model("SmolLM2-135M-Instruct"), False)
+    h, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.hidden_size // cfg.num_attention_heads
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+    layer_shapes = [(h, qkv), (h, h), (h, 2 * inter), (inter, h)]  # (K, N): qkv, o, gate_up, down
+    head = (h, cfg.vocab_size)
+    rng = np.random.default_rng(0)
+    isa = KERNEL_PATHS[get_op_backend().gguf]
+    xs: dict[tuple[int, int], paddle.Tensor] = {}
+
+    def x_of(m: int, k: int) -> paddle.Tensor:
+        if (m, k) not in xs:
+            xs[m, k] = paddle.to_tensor(rng.standard_normal((m, k)).astype(np.float32))
+        return xs[m, k]
+
+    def step_ms(run) -> dict:
+        """run(k, n, m) -> ms of one matmul; a decode step = layers x shapes + head, a prefill without the head."""
+        layers = cfg.num_hidden_layers
+        decode = layers * sum(run(k, n, 1) for k, n in layer_shapes) + run(*head, 1)
+        prefill = layers * sum(run(k, n, prefill_len) for k, n in layer_shapes)
+        return {"decode_matmuls_ms": round(decode, 2), f"prefill_{prefill_len}_matmuls_ms": round(prefill, 2)}
+
+    def bf16(k: int, n: int, m: int) -> float:
+        packed = ops.linear_pack(paddle.to_tensor(rng.standard_normal((k, n)).astype(np.float32)), "bfloat16")
+        return _median_ms(lambda: ops.linear(x_of(m, k), packed, None, n, "bfloat16"), 20 if m == 1 else 3)
+
+    rows = {"bf16-linear": step_ms(bf16)}
+    for ggml_type, type_name in GGUF_KERNEL_TYPES.items():
+        block = 256 if type_name.endswith("_K") else 32
+
+        def gguf(k: int, n: int, m: int, t: int = ggml_type, block: int = block) -> float:
+            k = -(-k // block) * block  # K-quants need K in whole 256-superblocks (576 -> 768)
+            w = paddle.to_tensor(random_blocks(t, n, k, rng).reshape(-1))
+            return _median_ms(lambda: ops.gguf_linear(x_of(m, k), w, None, [t, n], isa), 20 if m == 1 else 3)
+
+        rows[f"gguf-{type_name}"] = step_ms(gguf)
+    note = "K-quant rows round K up to whole 256-element superblocks (576 -> 768): more work than the model's shapes"
+    return {"kernel_path": get_op_backend().gguf, "rows": rows, "note": note}
+
+
+def measure_rss(name: str) -> dict:
+    """Child process: peak RSS (MB) of one configuration's worker, model and KV cache, built alone."""
+    import resource
+
+    Setup(name, *CONFIGS[name])
+    return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def run_child(threads: int, args: argparse.Namespace, *extra: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "FD_LOGGING_LEVEL": "WARNING"}
     cmd = [
         sys.executable, __file__, "--child", "--configs", *args.configs, "--context", str(args.context),
-        "--prefill-len", str(args.prefill_len), "--decode-steps", str(args.decode_steps),
+        "--prefill-len", str(args.prefill_len), "--decode-steps", str(args.decode_steps), *extra,
     ]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -146,9 +222,15 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=24)
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results", "kernels.json"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-task", default="steps", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.configs, args.context, args.prefill_len, args.decode_steps)))
+        if args.child_task == "formats":
+            print(json.dumps(measure_formats(args.prefill_len)))
+        elif args.child_task.startswith("rss:"):
+            print(json.dumps(measure_rss(args.child_task[4:])))
+        else:
+            print(json.dumps(measure(args.configs, args.context, args.prefill_len, args.decode_steps)))
         return
 
     results = {}
@@ -159,13 +241,16 @@ def main() -> None:
             if base and name != "paddle-fp32":
                 figures = [k for k in res[name] if k.endswith("_ms")]
                 res[name]["speedup_vs_paddle_fp32"] = {k: round(base[k] / res[name][k], 2) for k in figures}
+        res["gguf_formats"] = run_child(threads, args, "--child-task", "formats")
         results[str(threads)] = res
         summary = {n: {k: v for k, v in r.items() if k != "samples"} for n, r in res.items() if isinstance(r, dict)}
         print(f"threads={threads}: {json.dumps(summary)}", flush=True)
+    rss = {name: run_child(args.threads[0], args, "--child-task", f"rss:{name}")["peak_rss_mb"] for name in args.configs}
+    print(f"peak RSS (MB): {json.dumps(rss)}", flush=True)
     report = {
         "benchmark": "benchmarks/benchmark_kernels.py",
         "command": " ".join(["python"] + sys.argv),
-        "model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)",
+        "model": "SmolLM2-135M-Instruct (GGUF Q4_1 + Q8_0 embedding; dequantized, or in its blocks with gguf)",
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
         "settings": {
             "context": args.context,
@@ -175,6 +260,7 @@ def main() -> None:
         },  # fmt: skip
         "note": "median ms per ModelRunner.execute_model step; configurations interleaved step by step in one process",
         "results_by_threads": results,
+        "peak_rss_mb_by_config": rss,
     }
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as f:

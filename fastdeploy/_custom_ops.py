@@ -113,3 +113,19 @@ def decoder_layer(hidden: paddle.Tensor, residual: paddle.Tensor, *args: object)
     """
     _run("fd_decoder_layer", hidden, residual, *args)
     return hidden, residual
+
+
+def gguf_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None, segments: list[int],
+                isa: int) -> paddle.Tensor:
+    """``x [..., K] @ W^T (+ bias)`` -> ``[..., N]`` fp32 straight from GGUF blocks (csrc/cpu/gguf_gemm.cc).
+
+    ``weight`` holds the uint8 blocks of consecutive row segments, ``segments`` their
+    ``(ggml type, rows)`` pairs in output order; ``isa`` the kernel path (0 scalar, 1 AVX2,
+    2 AVX512-VNNI), chosen by the platform.
+    """
+    return _run("fd_gguf_linear", x, weight, bias, segments, isa)[0]
+
+
+def gguf_embedding(ids: paddle.Tensor, weight: paddle.Tensor, ggml_type: int, dim: int) -> paddle.Tensor:
+    """Rows ``ids`` of a GGUF table (uint8 blocks of ``ggml_type``, rows of ``dim`` elements) as fp32."""
+    return _run("fd_gguf_embedding", ids, weight, ggml_type, dim)[0]

@@ -7,6 +7,8 @@ FD_API_KEY              API key of the server; VLLM_API_KEY too.
 FD_DEFAULT_MODEL        path of the model used when none is given (default: the embedded SmolLM2).
 FD_CACHE_ROOT           where converted artefacts and the built C++ kernels are cached (default ~/.cache/fastdeploy).
 FD_CPU_KERNELS          "0" turns the C++ kernels (csrc/cpu) off: plain Paddle ops, float32 only (default "1").
+FD_CPU_GGUF_KERNEL      the block-kernel path of --quantization gguf: "auto" (default: the best this CPU runs,
+                        avx512-vnni > avx2 > scalar) or one of them by name; a path the CPU cannot run is refused.
 FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (default: its own cores when it has
                         fewer threads than there are cores, the API process keeps the rest), "nobind", or a core
                         list such as "1" or "2-3"; VLLM_CPU_OMP_THREADS_BIND too (fastdeploy/platforms/cpu_binding.py).
@@ -85,6 +87,14 @@ def cache_root() -> str:
 def cpu_kernels_enabled() -> bool:
     """FD_CPU_KERNELS: False when set to 0/false/off (plain Paddle ops instead of csrc/cpu)."""
     return _first("FD_CPU_KERNELS", default="1") not in ("0", "false", "False", "off")
+
+
+def cpu_gguf_kernel() -> str:
+    """FD_CPU_GGUF_KERNEL: the GGUF block-kernel path ("auto", "avx512-vnni", "avx2" or "scalar")."""
+    value = _first("FD_CPU_GGUF_KERNEL", default="auto") or "auto"
+    if value not in ("auto", "avx512-vnni", "avx2", "scalar"):
+        raise ValueError(f"FD_CPU_GGUF_KERNEL must be auto, avx512-vnni, avx2 or scalar, got {value!r}.")
+    return value
 
 
 def cpu_omp_threads_bind() -> str:

@@ -15,6 +15,9 @@
 //
 // hidden and residual are updated in place (the first layer passes a zero residual, which
 // makes the first add exact), so a layer allocates nothing.
+//
+// The four matmul weights are packed for the linear kernel (dtype "bfloat16" / "float32"), or
+// GGUF blocks (dtype "gguf": each weight's (type, rows) segments, the block kernels' path).
 #include <vector>
 
 #include "cpu_utils.h"
@@ -31,6 +34,35 @@ float* scratch(std::vector<float>& buffer, int64_t size) {
   return buffer.data();
 }
 
+// One of the layer's matmul weights: packed for the linear kernel, or GGUF blocks with their segments.
+struct Matmul {
+  const paddle::Tensor& weight;
+  const paddle::optional<paddle::Tensor>& bias;
+  const std::vector<int64_t>& segments;
+
+  bool fits(int64_t k, int64_t n, const std::string& dtype) const {
+    if (dtype != "gguf") return fastdeploy_cpu::linear_packed_size_ok(weight.numel(), k, n, dtype == "bfloat16");
+    int64_t rows = 0, bytes = 0;
+    for (size_t s = 0; s + 1 < segments.size(); s += 2) {
+      const int64_t row_bytes = fastdeploy_cpu::gguf_row_bytes(static_cast<int>(segments[s]), k);
+      if (row_bytes <= 0) return false;
+      rows += segments[s + 1];
+      bytes += segments[s + 1] * row_bytes;
+    }
+    return !segments.empty() && segments.size() % 2 == 0 && rows == n && bytes == weight.numel();
+  }
+
+  void run(const float* x, int64_t m, int64_t k, int64_t n, const std::string& dtype, int gguf_isa, float* out) const {
+    const float* b = optional_data(bias);
+    if (dtype == "gguf") {
+      fastdeploy_cpu::gguf_gemm(x, m, k, weight.data<uint8_t>(), segments.data(),
+                                static_cast<int64_t>(segments.size() / 2), b, n, gguf_isa, out);
+    } else {
+      fastdeploy_cpu::linear_forward(x, m, k, weight.data(), b, n, dtype == "bfloat16", out);
+    }
+  }
+};
+
 }  // namespace
 
 void DecoderLayer(paddle::Tensor& hidden, paddle::Tensor& residual, const paddle::Tensor& input_norm_weight,
@@ -43,14 +75,18 @@ void DecoderLayer(paddle::Tensor& hidden, paddle::Tensor& residual, const paddle
                   const paddle::Tensor& post_norm_weight, const paddle::Tensor& gate_up_packed,
                   const paddle::optional<paddle::Tensor>& gate_up_bias, const paddle::Tensor& down_packed,
                   const paddle::optional<paddle::Tensor>& down_bias, int num_heads, int64_t intermediate_size,
-                  float eps, float qk_eps, bool is_neox, float scale, const std::string& dtype) {
+                  float eps, float qk_eps, bool is_neox, float scale, const std::string& dtype,
+                  const std::vector<int64_t>& qkv_segments, const std::vector<int64_t>& o_segments,
+                  const std::vector<int64_t>& gate_up_segments, const std::vector<int64_t>& down_segments,
+                  int gguf_isa) {
   using fastdeploy_cpu::check_cpu_contiguous;
   check_cpu_contiguous(hidden, "hidden");
   check_cpu_contiguous(residual, "residual");
   fastdeploy_cpu::check_dtype(hidden, paddle::DataType::FLOAT32, "hidden");
   PD_CHECK(residual.numel() == hidden.numel(), "decoder_layer: hidden and residual differ in size.");
   PD_CHECK(key_cache.shape().size() == 4, "decoder_layer: caches must be [num_blocks, block_size, KVH, D].");
-  const bool bf16 = dtype == "bfloat16";
+  const Matmul qkv_mm{qkv_packed, qkv_bias, qkv_segments}, o_mm{o_packed, o_bias, o_segments};
+  const Matmul gate_up_mm{gate_up_packed, gate_up_bias, gate_up_segments}, down_mm{down_packed, down_bias, down_segments};
   const int64_t h = hidden.shape().back();
   const int64_t t = h ? hidden.numel() / h : 0;
   const int64_t kvh = key_cache.shape()[2];
@@ -58,10 +94,8 @@ void DecoderLayer(paddle::Tensor& hidden, paddle::Tensor& residual, const paddle
   const int64_t q_width = num_heads * d;
   const int64_t qkv_width = (num_heads + 2 * kvh) * d;
   const int64_t inter = intermediate_size;
-  PD_CHECK(fastdeploy_cpu::linear_packed_size_ok(qkv_packed.numel(), h, qkv_width, bf16) &&
-               fastdeploy_cpu::linear_packed_size_ok(o_packed.numel(), q_width, h, bf16) &&
-               fastdeploy_cpu::linear_packed_size_ok(gate_up_packed.numel(), h, 2 * inter, bf16) &&
-               fastdeploy_cpu::linear_packed_size_ok(down_packed.numel(), inter, h, bf16),
+  PD_CHECK(qkv_mm.fits(h, qkv_width, dtype) && o_mm.fits(q_width, h, dtype) &&
+               gate_up_mm.fits(h, 2 * inter, dtype) && down_mm.fits(inter, h, dtype),
            "decoder_layer: a packed weight does not match the layer's shapes.");
   PD_CHECK(positions.numel() == t && slot_mapping.numel() == t, "decoder_layer: one position and slot per token.");
   if (t == 0) return;
@@ -75,19 +109,18 @@ void DecoderLayer(paddle::Tensor& hidden, paddle::Tensor& residual, const paddle
   float* act = scratch(act_buf, t * inter);
 
   fastdeploy_cpu::fused_add_rms_norm(x, res, input_norm_weight.data<float>(), eps, t, h);
-  fastdeploy_cpu::linear_forward(x, t, h, qkv_packed.data(), optional_data(qkv_bias), qkv_width, bf16, qkv);
+  qkv_mm.run(x, t, h, qkv_width, dtype, gguf_isa, qkv);
   fastdeploy_cpu::rope_and_cache(qkv, positions.data<int64_t>(), cos_sin_cache.data<float>(), cos_sin_cache.shape()[0],
                                  cos_sin_cache.shape()[1], key_cache, value_cache, slot_mapping.data<int64_t>(),
                                  optional_data(qk_norm_weight), t, num_heads, is_neox, qk_eps);
   fastdeploy_cpu::paged_attention(qkv, qkv_width, key_cache, value_cache, block_tables.data<int64_t>(),
                                   block_tables.shape()[1], query_start_loc.data<int64_t>(), seq_lens.data<int64_t>(),
                                   seq_lens.numel(), num_heads, scale, attn);
-  fastdeploy_cpu::linear_forward(attn, t, q_width, o_packed.data(), optional_data(o_bias), h, bf16, x);
+  o_mm.run(attn, t, q_width, h, dtype, gguf_isa, x);
   fastdeploy_cpu::fused_add_rms_norm(x, res, post_norm_weight.data<float>(), eps, t, h);
-  fastdeploy_cpu::linear_forward(x, t, h, gate_up_packed.data(), optional_data(gate_up_bias), 2 * inter, bf16,
-                                 gate_up);
+  gate_up_mm.run(x, t, h, 2 * inter, dtype, gguf_isa, gate_up);
   fastdeploy_cpu::silu_and_mul(gate_up, t, inter, act);
-  fastdeploy_cpu::linear_forward(act, t, inter, down_packed.data(), optional_data(down_bias), h, bf16, x);
+  down_mm.run(act, t, inter, h, dtype, gguf_isa, x);
 }
 
 PD_BUILD_OP(fd_decoder_layer)
@@ -102,5 +135,7 @@ PD_BUILD_OP(fd_decoder_layer)
                     {"key_cache", "key_cache_out"},
                     {"value_cache", "value_cache_out"}})
     .Attrs({"num_heads: int", "intermediate_size: int64_t", "eps: float", "qk_eps: float", "is_neox: bool",
-            "scale: float", "dtype: std::string"})
+            "scale: float", "dtype: std::string", "qkv_segments: std::vector<int64_t>",
+            "o_segments: std::vector<int64_t>", "gate_up_segments: std::vector<int64_t>",
+            "down_segments: std::vector<int64_t>", "gguf_isa: int"})
     .SetKernelFn(PD_KERNEL(DecoderLayer));

@@ -31,6 +31,17 @@ void panel_unpack(const void* packed, int64_t k, int64_t n, bool bf16, float* w)
 void panel_gemm(const float* x, int64_t m, int64_t k, const void* packed, bool bf16, const float* bias, int64_t n,
                 float* out);
 
+// gguf_gemm.cc: out[m, n] = x[m, k] @ W^T (+ bias) straight from GGUF blocks. W is the rows of
+// consecutive segments, each `rows` rows of one ggml type (segments: (type, rows) pairs);
+// activations are quantized per 32 elements to int8. isa: one of the paths below.
+enum GgufIsa : int { kGgufScalar = 0, kGgufAvx2 = 1, kGgufAvx512Vnni = 2 };
+// Bytes of one row of k elements of ggml type `type`; -1 without a kernel or for a k off its block.
+int64_t gguf_row_bytes(int type, int64_t k);
+void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int64_t* segments, int64_t num_segments,
+               const float* bias, int64_t n, int isa, float* out);
+// Rows ids[0..count) of a [rows, k] table of ggml type `type`, dequantized to fp32 [count, k].
+void gguf_dequantize_rows(const uint8_t* w, int type, int64_t k, const int64_t* ids, int64_t count, float* out);
+
 // layernorm.cc
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t h, float* out);
 // residual += x; x = rms_norm(residual) * weight.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fastdeploy import envs
 from fastdeploy.logger import init_logger
 from fastdeploy.platforms.cpu_features import (  # noqa: F401 - the platform's CPU facts, importable from here
     bf16_linear_path,
@@ -47,12 +48,34 @@ def _paddle_fused_rms_norm_works() -> bool:
         return False
 
 
+def gguf_kernel_paths() -> list[str]:
+    """The GGUF block-kernel paths this CPU can run, best first: integer dot products on
+    AVX512-VNNI (``vpdpbusd``), on AVX2 (``vpmaddubsw``), plain C++."""
+    flags = cpu_flags()
+    paths = ["avx512-vnni"] if {"avx512_vnni", "avx512bw", "avx512vl"} <= flags else []
+    return paths + (["avx2"] if cpu_has_avx2_fma() and "f16c" in flags else []) + ["scalar"]
+
+
+def gguf_kernel_path() -> str:
+    """The GGUF block-kernel path: FD_CPU_GGUF_KERNEL when set, else the best this CPU runs.
+
+    Raises:
+        ValueError: FD_CPU_GGUF_KERNEL names a path this CPU cannot run.
+    """
+    wanted, paths = envs.cpu_gguf_kernel(), gguf_kernel_paths()
+    if wanted == "auto":
+        return paths[0]
+    if wanted not in paths:
+        raise ValueError(f"FD_CPU_GGUF_KERNEL={wanted} cannot run on this CPU; it runs: {', '.join(paths)}.")
+    return wanted
+
+
 class CpuPlatform(Platform):
     _enum = PlatformEnum.CPU
     device_name = "cpu"
     device_type = "cpu"
     dist_backend = "gloo"
-    supported_quantization: list[str] = []
+    supported_quantization: list[str] = ["gguf"]
 
     def is_available(self) -> bool:
         return True
@@ -127,6 +150,7 @@ class CpuPlatform(Platform):
                 attn_backend_cls=attn_backend_cls,
                 decoder_layer="fd_decoder_layer" in built,
                 isa=cpu_isa() if built else "",
+                gguf=gguf_kernel_path() if {"fd_gguf_linear", "fd_gguf_embedding"} <= built else "paddle",
             )
         return self._op_backend
 

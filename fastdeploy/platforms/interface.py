@@ -45,6 +45,9 @@ class OpBackend:
     decoder_layer: bool = False
     # The instruction set the kernels were built for, for logs ("AVX512-BF16", "AVX2", ...).
     isa: str = ""
+    # GGUF block kernels (--quantization gguf, csrc/cpu/gguf_gemm.cc): "avx512-vnni", "avx2", "scalar"
+    # or "paddle" (not built: the format is refused).
+    gguf: str = "paddle"
 
     def uses_kernel(self, op: str) -> bool:
         """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention") runs our kernel."""
@@ -58,7 +61,7 @@ class OpBackend:
         norm = self.rms_norm if self.rms_norm != "paddle" or not self.paddle_fused_rms_norm else "paddle-fused"
         layer = "fused" if self.decoder_layer else "per-op"
         return (f"linear: {linear}{isa}, attention: {self.attention}, rms_norm: {norm}, "
-                f"silu_and_mul: {self.silu_and_mul}, decoder layer: {layer}")
+                f"silu_and_mul: {self.silu_and_mul}, decoder layer: {layer}, gguf: {self.gguf}")
 
 
 class Platform:
@@ -114,6 +117,10 @@ class Platform:
                 f"quantization={quant!r} is not supported on {self.device_name}; "
                 f"supported: {self.supported_quantization or 'none yet'}."
             )
+        if quant is not None:
+            from fastdeploy.model_executor.layers.quantization import get_quantization_config
+
+            get_quantization_config(quant).check_model(fd_config.model_config)
         fd_config.model_config.dtype = self.resolve_dtype(fd_config.model_config.dtype)
 
     def ignored_flags(self) -> dict[str, str]:

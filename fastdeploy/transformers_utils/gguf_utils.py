@@ -117,24 +117,65 @@ def read_gguf_tensor_infos(path: str) -> list[GGUFTensorInfo]:
     return _parse(path, with_tensors=True)[1]
 
 
+@dataclass(frozen=True)
+class GGUFBlocks:
+    """A GGUF matrix kept in its block format (``--quantization gguf``).
+
+    ``data`` is uint8 ``[rows, bytes per row]``: each row the blocks of one row of the
+    Hugging Face ``[out, in]`` matrix ``shape`` (one output feature), in ggml type ``ggml_type``.
+    """
+
+    name: str  # the tensor's name in the GGUF file, for messages
+    ggml_type: int
+    shape: tuple[int, int]
+    data: np.ndarray
+
+    @property
+    def type_name(self) -> str:
+        """The ggml type's name ("Q4_1", "F16", ...)."""
+        return ggml_type_name(self.ggml_type)
+
+
+def ggml_type_name(ggml_type: int) -> str:
+    """Name of a ggml type id ("Q4_1"), or the number for an id this gguf package does not know."""
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return str(ggml_type)
+
+
+def _tensor_bytes(data: np.ndarray, info: GGUFTensorInfo) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(the tensor's bytes as ``[..., bytes per row]``, its row-major shape) from the file's bytes."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.ggml_type)]
+    shape = tuple(reversed(info.dims))
+    nbytes = int(np.prod(shape)) // block * type_size
+    raw = data[info.offset : info.offset + nbytes]
+    return raw.reshape(*shape[:-1], shape[-1] // block * type_size), shape
+
+
+def load_gguf_blocks(data: np.ndarray, info: GGUFTensorInfo) -> GGUFBlocks:
+    """The matrix ``info`` as its raw blocks (a view of ``data``, no copy)."""
+    raw, shape = _tensor_bytes(data, info)
+    if len(shape) != 2:
+        raise ValueError(f"GGUF tensor {info.name} has shape {shape}; only matrices stay in their blocks.")
+    return GGUFBlocks(info.name, info.ggml_type, (int(shape[0]), int(shape[1])), raw)
+
+
 def load_gguf_tensor(data: np.ndarray, info: GGUFTensorInfo) -> np.ndarray:
     """The tensor ``info`` from the file's bytes ``data`` (a uint8 memmap), dequantized to fp32.
 
     The result is shaped in row-major order (reversed ggml dims), i.e. Hugging Face's
     ``[out, in]`` for matrices.
     """
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    qtype = GGMLQuantizationType(info.ggml_type)
-    block, type_size = GGML_QUANT_SIZES[qtype]
-    shape = tuple(reversed(info.dims))
-    n_elements = int(np.prod(shape))
-    nbytes = n_elements // block * type_size
-    raw = data[info.offset : info.offset + nbytes]
-    # dequantize wants rows of bytes: [..., bytes per row].
-    raw = raw.reshape(*shape[:-1], shape[-1] // block * type_size)
-    return np.asarray(dequantize(raw, qtype), dtype=np.float32).reshape(shape)
+    raw, shape = _tensor_bytes(data, info)  # dequantize wants rows of bytes: [..., bytes per row]
+    return np.asarray(dequantize(raw, GGMLQuantizationType(info.ggml_type)), dtype=np.float32).reshape(shape)
 
 
 def read_gguf_metadata(path: str) -> dict[str, Any]:

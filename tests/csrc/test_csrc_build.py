@@ -52,3 +52,22 @@ def test_a_missing_compiler_falls_back_with_one_warning(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
     assert out.stderr.count("C++ kernels unavailable") == 1 and "no C++ compiler" in out.stderr
+
+
+@pytest.mark.slow
+def test_every_gguf_kernel_path_builds_for_a_plain_x86_64_cpu(tmp_path):
+    """The AVX2 and AVX512-VNNI paths of gguf_gemm.cc carry their own target attributes: the file
+    compiles for a baseline x86-64 CPU (no -march=native), and the platform picks a path at run time."""
+    import shutil
+    import sysconfig
+
+    import paddle
+
+    include = os.path.join(os.path.dirname(paddle.__file__), "include")
+    cmd = [shutil.which("c++") or "c++", "-O1", "-march=x86-64", "-fopenmp", "-std=c++17", f"-I{include}",
+           f"-I{os.path.join(include, 'third_party')}", f"-I{sysconfig.get_paths()['include']}", "-c",
+           os.path.join(REPO, "csrc", "cpu", "gguf_gemm.cc"), "-o", str(tmp_path / "gguf_gemm.o")]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    symbols = subprocess.run(["nm", "-C", str(tmp_path / "gguf_gemm.o")], capture_output=True, text=True).stdout
+    assert "gguf_vnni::" in symbols and "gguf_avx2::" in symbols

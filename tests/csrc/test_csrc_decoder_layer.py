@@ -32,3 +32,13 @@ def _logits(model, fused: bool) -> np.ndarray:
 def test_fused_layer_equals_separate_kernels(arch, dtype, tmp_path):
     model = load_our_model(build_tiny_checkpoint(arch, tmp_path), dtype=dtype)
     np.testing.assert_allclose(_logits(model, fused=True), _logits(model, fused=False), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_layer_equals_separate_kernels_on_gguf_blocks():
+    """The default model served in its GGUF blocks (-q gguf) runs each layer as one op too."""
+    from fastdeploy.config import ModelConfig
+    from fastdeploy.model_executor.model_loader import get_model
+
+    model = get_model(ModelConfig(model="SmolLM2-135M-Instruct", quantization="gguf", dtype="float32"))
+    assert model.model.layers[0]._fused_args[1][13] == "gguf"
+    np.testing.assert_allclose(_logits(model, fused=True), _logits(model, fused=False), rtol=1e-5, atol=1e-5)

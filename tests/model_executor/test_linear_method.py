@@ -36,8 +36,8 @@ class _Config(QuantizationConfig):
         return None if prefix.endswith("skip") else _Doubling()
 
 
-def test_the_registry_starts_empty_and_names_what_it_knows(monkeypatch):
-    assert quantization.get_quantization_methods() == []
+def test_the_registry_names_what_it_knows(monkeypatch):
+    assert quantization.get_quantization_methods() == ["gguf"]
     with pytest.raises(ValueError, match="Invalid quantization method: 'awq'"):
         quantization.get_quantization_config("awq")
     monkeypatch.setattr(quantization, "_QUANTIZATION_CONFIGS", {})

@@ -12,7 +12,7 @@ from fastdeploy.model_executor.custom_op import get_op_backend, set_op_backend
 from fastdeploy.model_executor.layers.attention.cpu_attn import CpuPagedAttentionImpl
 from fastdeploy.model_executor.layers.attention.paddle_attn import PaddleAttentionImpl
 from fastdeploy.platforms import current_platform
-from fastdeploy.platforms.cpu import cpu_has_avx512
+from fastdeploy.platforms.cpu import cpu_has_avx512, gguf_kernel_path
 from fastdeploy.platforms.interface import OpBackend
 from tests.call_counter import count_calls
 from tests.model_executor.utils import PagedRunner, build_tiny_checkpoint, load_our_model
@@ -97,8 +97,10 @@ def test_fd_cpu_kernels_picks_the_backend_and_the_log_names_it(kernels, checkpoi
     line = next(x for x in out.stdout.splitlines() if x.startswith("BACKEND"))
     if kernels == "0":
         assert "linear: paddle-fp32" in line and "attention: paddle" in line and "decoder layer: per-op" in line
+        assert line.endswith("gguf: paddle")
     else:
         assert "attention: paged-avx" in line and "rms_norm: csrc" in line
+        assert line.endswith(f"gguf: {gguf_kernel_path()}")
     # The loader logs the chosen paths once, as the model is built.
     logged = [x for x in out.stderr.splitlines() if "Kernel paths:" in x]
     assert len(logged) == 1 and line.removeprefix("BACKEND ") in logged[0]
@@ -106,8 +108,26 @@ def test_fd_cpu_kernels_picks_the_backend_and_the_log_names_it(kernels, checkpoi
 
 def test_describe_names_each_path():
     backend = OpBackend(linear="panel", rms_norm="csrc", silu_and_mul="csrc", attention="paged-avx2",
-                        decoder_layer=True, isa="AVX2")
+                        decoder_layer=True, isa="AVX2", gguf="avx2")
     assert backend.describe("bfloat16") == ("linear: panel-bf16 (AVX2), attention: paged-avx2, rms_norm: csrc, "
-                                            "silu_and_mul: csrc, decoder layer: fused")
+                                            "silu_and_mul: csrc, decoder layer: fused, gguf: avx2")
     assert OpBackend(paddle_fused_rms_norm=True).describe() == (
-        "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, decoder layer: per-op")
+        "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, decoder layer: per-op, "
+        "gguf: paddle")
+
+
+def test_fd_cpu_gguf_kernel_picks_the_gguf_path(monkeypatch):
+    from fastdeploy.platforms.cpu import gguf_kernel_paths
+
+    paths = gguf_kernel_paths()
+    assert paths[-1] == "scalar" and gguf_kernel_path() == paths[0]
+    for path in paths:
+        monkeypatch.setenv("FD_CPU_GGUF_KERNEL", path)
+        assert gguf_kernel_path() == path
+    monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx9")
+    with pytest.raises(ValueError, match="FD_CPU_GGUF_KERNEL must be auto, avx512-vnni, avx2 or scalar"):
+        gguf_kernel_path()
+    if "avx512-vnni" not in paths:
+        monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx512-vnni")
+        with pytest.raises(ValueError, match="cannot run on this CPU"):
+            gguf_kernel_path()

@@ -17,19 +17,35 @@ if TYPE_CHECKING:
 
 
 class VocabParallelEmbedding(nn.Layer):
-    """Embedding table ``[num_embeddings, embedding_dim]``, rows looked up by token id."""
+    """Embedding table ``[num_embeddings, embedding_dim]``, rows looked up by token id.
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: str = "float32") -> None:
+    Args:
+        quant_config: the model's quantization config; a method it gives for this layer
+            keeps the table in its own form and looks rows up itself (e.g. GGUF blocks).
+        prefix: the layer's checkpoint name, for the quantization config.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, dtype: str = "float32",
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
-        self.weight = new_parameter([num_embeddings, embedding_dim], dtype)
+        method = quant_config.get_quant_method(self, prefix) if quant_config is not None else None
+        object.__setattr__(self, "quant_method", method)
+        if method is not None:
+            method.create_weights(self, num_embeddings, embedding_dim, dtype)
+        else:
+            self.weight = new_parameter([num_embeddings, embedding_dim], dtype)
 
     def forward(self, input_ids: paddle.Tensor) -> paddle.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, input_ids)
         return F.embedding(input_ids, self.weight)
 
     def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
         """Load the HF embedding table ``[vocab, hidden]``."""
+        if self.quant_method is not None and self.quant_method.weight_loader(self, param, loaded, shard_id):
+            return
         load_into(param, loaded, type(self).__name__)
 
     def extra_repr(self) -> str:
@@ -39,10 +55,10 @@ class VocabParallelEmbedding(nn.Layer):
 class ParallelLMHead(LinearBase):
     """Output projection to the vocabulary, stored ``[hidden, vocab]`` for a plain matmul.
 
-    With tied embeddings the table is copied transposed from the embedding at load time:
-    on CPU ``matmul(x, W)`` is ~1.7x faster than ``matmul(x, E, transpose_y=True)`` at
-    batch 1, which is worth the extra copy of the table. Like the linear layers, the head
-    runs on its linear method (packed for the linear kernel after loading).
+    With tied embeddings the unquantized method copies the table transposed from the
+    embedding at load time (``UnquantizedLinearMethod.tie_weights``); GGUF multiplies with
+    the embedding's blocks. Like the linear layers, the head runs on its linear method
+    (packed for the linear kernel after loading).
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False, dtype: str = "float32",
@@ -52,8 +68,8 @@ class ParallelLMHead(LinearBase):
         self.embedding_dim = embedding_dim
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> ParallelLMHead:
-        """Copy the embedding table (tied word embeddings)."""
-        self.weight.set_value(paddle.transpose(embed_tokens.weight, [1, 0]))
+        """Multiply with the embedding table (tied word embeddings): a transposed copy, or its own blocks."""
+        self.quant_method.tie_weights(self, embed_tokens)
         return self
 
     def extra_repr(self) -> str:

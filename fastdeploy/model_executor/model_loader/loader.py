@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Iterator
@@ -49,7 +50,8 @@ def get_weights_iterator(model_config: Any, load_format: str = "auto") -> Iterat
     if fmt == "gguf":
         if not model_config.gguf_file:
             raise ValueError(f"load_format='gguf' but the model {folder} is not a GGUF file.")
-        return gguf_weights_iterator(os.path.join(folder, model_config.gguf_file), model_config.hf_config)
+        keep_blocks = getattr(model_config, "quantization", None) == "gguf"
+        return gguf_weights_iterator(os.path.join(folder, model_config.gguf_file), model_config.hf_config, keep_blocks)
     if fmt == "safetensors":
         files = safetensors_files(folder)
         if not files:
@@ -82,6 +84,28 @@ def initialize_dummy_weights(model: nn.Layer, seed: int = DUMMY_SEED, std: float
         model.lm_head.tie_weights(model.model.embed_tokens)
 
 
+def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -> dict[str, Any]:
+    """``{"quant_config": ...}`` for ``--quantization``, or nothing without it.
+
+    Raises:
+        ValueError: the model class or the load format cannot take the quantization.
+    """
+    name = getattr(model_config, "quantization", None)
+    if name is None:
+        return {}
+    from fastdeploy.model_executor.layers.quantization import get_quantization_config
+
+    if "quant_config" not in inspect.signature(model_cls.__init__).parameters:
+        raise ValueError(f"quantization={name!r} is not built for {model_cls.__name__}; "
+                         "use model_impl='fastdeploy' (the native model classes).")
+    if load_format == "dummy":
+        raise ValueError(f"quantization={name!r} loads its weights from the checkpoint; load_format='dummy' "
+                         "has none to keep.")
+    quant_config = get_quantization_config(name).from_config({})
+    logger.info("Quantization: %s.", quant_config)
+    return {"quant_config": quant_config}
+
+
 def get_model(model_config: Any, load_config: Any = None) -> nn.Layer:
     """Instantiate the model class of ``model_config.architectures`` and load its weights.
 
@@ -108,9 +132,10 @@ def get_model(model_config: Any, load_config: Any = None) -> nn.Layer:
     backend = get_op_backend()
     logger.info("Kernel paths: %s.", backend.describe(dtype))
     with paddle.no_grad(), set_op_backend(backend):
+        quant_kwargs = _quantization_kwargs(model_config, model_cls, load_format)
         # Parameters live in the platform's storage dtype (fp32 on CPU); models that can,
         # convert their weights for the compute dtype once loaded (packed bf16 matmul weights).
-        model = model_cls(hf_config, dtype=current_platform.param_dtype(dtype))
+        model = model_cls(hf_config, dtype=current_platform.param_dtype(dtype), **quant_kwargs)
         model.eval()
         if load_format == "dummy":
             initialize_dummy_weights(model)

@@ -7,18 +7,22 @@ the ``gguf`` package, tensor names mapped to Hugging Face's).
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
 import re
 import struct
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from fastdeploy.logger import init_logger
+
+if TYPE_CHECKING:
+    from fastdeploy.transformers_utils.gguf_utils import GGUFBlocks
 
 logger = init_logger(__name__)
 
@@ -165,14 +169,35 @@ def unpermute_llama_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return np.ascontiguousarray(w.swapaxes(1, 2).reshape(weight.shape))
 
 
-def gguf_weights_iterator(path: str, hf_config: Any) -> Iterator[tuple[str, np.ndarray]]:
-    """Dequantized tensors of a GGUF file under Hugging Face names and layouts (fp32)."""
-    from fastdeploy.transformers_utils.gguf_utils import load_gguf_tensor, read_gguf_metadata, read_gguf_tensor_infos
+def gguf_weights_iterator(
+    path: str, hf_config: Any, keep_blocks: bool = False
+) -> Iterator[tuple[str, np.ndarray | GGUFBlocks]]:
+    """The tensors of a GGUF file under Hugging Face names and layouts.
+
+    Dequantized to fp32, or with ``keep_blocks`` (``--quantization gguf``) every matrix as its
+    raw :class:`GGUFBlocks` whatever its type (the layer's method decides what it can serve);
+    vectors (norms, biases) are dequantized either way.
+    """
+    from fastdeploy.transformers_utils.gguf_utils import (
+        load_gguf_blocks,
+        load_gguf_tensor,
+        read_gguf_metadata,
+        read_gguf_tensor_infos,
+    )
 
     arch = read_gguf_metadata(path).get("general.architecture")
     num_heads = hf_config.num_attention_heads
     num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
     infos = read_gguf_tensor_infos(path)
+
+    def unpermute(hf_name: str, array: np.ndarray) -> np.ndarray:
+        # The permutation moves whole rows, so it applies to rows of blocks as to rows of values.
+        if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+            return unpermute_llama_qk(array, num_heads)
+        if arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+            return unpermute_llama_qk(array, num_kv_heads)
+        return array
+
     data = np.memmap(path, dtype=np.uint8, mode="r")
     with _progress(len(infos), "Loading GGUF weights") as bar:
         for info in infos:
@@ -180,10 +205,9 @@ def gguf_weights_iterator(path: str, hf_config: Any) -> Iterator[tuple[str, np.n
             bar.update(1)
             if hf_name is None:
                 continue
-            array = load_gguf_tensor(data, info)
-            if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
-                array = unpermute_llama_qk(array, num_heads)
-            elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
-                array = unpermute_llama_qk(array, num_kv_heads)
-            yield hf_name, array
+            if keep_blocks and len(info.dims) == 2:
+                blocks = load_gguf_blocks(data, info)
+                yield hf_name, dataclasses.replace(blocks, data=unpermute(hf_name, blocks.data))
+            else:
+                yield hf_name, unpermute(hf_name, load_gguf_tensor(data, info))
     del data

@@ -33,6 +33,7 @@ from fastdeploy.model_executor.layers.linear import (
     process_linear_weights,
 )
 from fastdeploy.model_executor.layers.logits_processor import LogitsProcessor
+from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
 from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from fastdeploy.model_executor.utils import check_all_loaded, load_into, load_into_slice, new_parameter
@@ -76,10 +77,13 @@ def get_head_dim(hf_config: Any) -> int:
 class LlamaMLP(nn.Layer):
     """SwiGLU feed-forward with gate and up fused into one matmul."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, dtype: str) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, dtype: str,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias, dtype=dtype)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, dtype=dtype)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias, dtype=dtype,
+                                                       quant_config=quant_config, prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, dtype=dtype,
+                                           quant_config=quant_config, prefix=f"{prefix}.down_proj")
         self.act_fn = SiluAndMul()
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
@@ -123,7 +127,8 @@ class QKNorm(nn.Layer):
 class LlamaAttention(nn.Layer):
     """Self-attention: fused QKV projection, RoPE (+ optional q/k norm), paged attention, output projection."""
 
-    def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str) -> None:
+    def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         hidden = hf_config.hidden_size
         self.num_heads = hf_config.num_attention_heads
@@ -132,9 +137,11 @@ class LlamaAttention(nn.Layer):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = QKVParallelLinear(
-            hidden, self.head_dim, self.num_heads, self.num_kv_heads, bias=options.qkv_bias, dtype=dtype
+            hidden, self.head_dim, self.num_heads, self.num_kv_heads, bias=options.qkv_bias, dtype=dtype,
+            quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
         )
-        self.o_proj = RowParallelLinear(self.q_size, hidden, bias=options.o_bias, dtype=dtype)
+        self.o_proj = RowParallelLinear(self.q_size, hidden, bias=options.o_bias, dtype=dtype,
+                                        quant_config=quant_config, prefix=f"{prefix}.o_proj")
         self.qk_norm = (
             QKNorm(self.num_heads, self.num_kv_heads, self.head_dim, hf_config.rms_norm_eps, dtype)
             if options.qk_norm
@@ -163,11 +170,13 @@ class LlamaDecoderLayer(nn.Layer):
     separate layers), which saves eight trips per layer through Paddle's custom-op dispatch.
     """
 
-    def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str) -> None:
+    def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str,
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         hidden, eps = hf_config.hidden_size, hf_config.rms_norm_eps
-        self.self_attn = LlamaAttention(hf_config, options, rotary_emb, dtype)
-        self.mlp = LlamaMLP(hidden, hf_config.intermediate_size, options.mlp_bias, dtype)
+        self.self_attn = LlamaAttention(hf_config, options, rotary_emb, dtype, quant_config, f"{prefix}.self_attn")
+        self.mlp = LlamaMLP(hidden, hf_config.intermediate_size, options.mlp_bias, dtype, quant_config,
+                            f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
         self.intermediate_size = hf_config.intermediate_size
@@ -178,25 +187,25 @@ class LlamaDecoderLayer(nn.Layer):
     _fused_args: tuple | None = None
 
     def process_weights_after_loading(self) -> None:
-        """Switch to the fused kernel when the platform built it and every matmul of the layer is packed."""
+        """Switch to the fused kernel when the platform built it and every matmul of the layer is packed (or GGUF)."""
         object.__setattr__(self, "_fused_args", self._build_fused_args())
 
     def _build_fused_args(self) -> tuple | None:
         attn, mlp = self.self_attn, self.mlp
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if not self._fusable or not all(m.is_packed for m in linears):
+        weights = [m.quant_method.kernel_weight(m) for m in linears]
+        if not self._fusable or any(w is None for w in weights):
             return None
-        if len({m._packed_args[3] for m in linears}) != 1:  # one compute dtype for the whole layer
+        if len({w.dtype for w in weights}) != 1:  # one compute dtype (or GGUF) for the whole layer
             return None
-        (qkv, qkv_b, _, dtype), (o, o_b, _, _), (gu, gu_b, _, _), (down, down_b, _, _) = (
-            m._packed_args for m in linears
-        )
+        qkv, o, gu, down = weights
         qk_norm_w, qk_eps = attn.qk_norm.kernel_args() if attn.qk_norm is not None else (None, 0.0)
         norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
-        before = (norm_in.weight, qkv, qkv_b, qk_norm_w, attn.rotary_emb.kernel_cos_sin)
+        before = (norm_in.weight, qkv.weight, qkv.bias, qk_norm_w, attn.rotary_emb.kernel_cos_sin)
         after = (
-            o, o_b, norm_post.weight, gu, gu_b, down, down_b, attn.num_heads, self.intermediate_size,
-            norm_in.variance_epsilon, qk_eps, attn.rotary_emb.is_neox_style, attn.attn.scale, dtype,
+            o.weight, o.bias, norm_post.weight, gu.weight, gu.bias, down.weight, down.bias, attn.num_heads,
+            self.intermediate_size, norm_in.variance_epsilon, qk_eps, attn.rotary_emb.is_neox_style, attn.attn.scale,
+            qkv.dtype, qkv.segments, o.segments, gu.segments, down.segments, qkv.gguf_isa,
         )  # fmt: skip
         return before, after
 
@@ -230,7 +239,8 @@ class LlamaDecoderLayer(nn.Layer):
 class LlamaModel(nn.Layer):
     """Embedding, decoder layers and the final norm."""
 
-    def __init__(self, hf_config: Any, options: DecoderOptions, dtype: str = "float32") -> None:
+    def __init__(self, hf_config: Any, options: DecoderOptions, dtype: str = "float32",
+                 quant_config: QuantizationConfig | None = None, prefix: str = "model") -> None:
         super().__init__()
         self.config = hf_config
         base, scaling, rotary_dim = rope_settings(hf_config)
@@ -243,10 +253,12 @@ class LlamaModel(nn.Layer):
             rotary_dim=rotary_dim,
             dtype=dtype,
         )
-        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size, dtype)
-        self.layers = nn.LayerList(
-            [LlamaDecoderLayer(hf_config, options, self.rotary_emb, dtype) for _ in range(hf_config.num_hidden_layers)]
-        )
+        self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size, dtype,
+                                                   quant_config, f"{prefix}.embed_tokens")
+        self.layers = nn.LayerList([
+            LlamaDecoderLayer(hf_config, options, self.rotary_emb, dtype, quant_config, f"{prefix}.layers.{i}")
+            for i in range(hf_config.num_hidden_layers)
+        ])
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype)
 
     def forward(
@@ -292,13 +304,14 @@ class LlamaForCausalLM(nn.Layer):
     - ``process_weights_after_loading(dtype)``: convert the loaded weights once for the compute dtype.
     """
 
-    def __init__(self, hf_config: Any, dtype: str = "float32") -> None:
+    def __init__(self, hf_config: Any, dtype: str = "float32", quant_config: QuantizationConfig | None = None) -> None:
         super().__init__()
         self.config = hf_config
         self.dtype_name = dtype
         self.options = self.decoder_options(hf_config)
-        self.model = LlamaModel(hf_config, self.options, dtype)
-        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype)
+        self.model = LlamaModel(hf_config, self.options, dtype, quant_config)
+        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype,
+                                      quant_config=quant_config, prefix="lm_head")
         self.logits_processor = LogitsProcessor(hf_config.vocab_size)
         self.num_layers = hf_config.num_hidden_layers
         self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads if self.num_layers else 0

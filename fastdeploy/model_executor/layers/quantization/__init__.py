@@ -1,8 +1,9 @@
 """Quantization formats, by ``--quantization`` name (vLLM's ``QUANTIZATION_METHODS`` registry).
 
-No format is built yet: every layer runs :class:`~fastdeploy.model_executor.layers.linear.UnquantizedLinearMethod`,
-and the platform refuses a ``--quantization`` it does not list (``Platform.supported_quantization``).
+Without ``--quantization`` every layer runs :class:`~fastdeploy.model_executor.layers.linear.UnquantizedLinearMethod`;
+the platform refuses a ``--quantization`` it does not list (``Platform.supported_quantization``).
 A format registers its :class:`QuantizationConfig` with :func:`register_quantization_config`.
+Built: ``gguf`` (:mod:`.gguf`, GGUF files served in their own blocks).
 """
 
 from __future__ import annotations
@@ -12,6 +13,19 @@ from collections.abc import Callable
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
 _QUANTIZATION_CONFIGS: dict[str, type[QuantizationConfig]] = {}
+# The formats of this package, imported on first use: they import the layers, which import this package.
+_BUILTIN_MODULES = ("fastdeploy.model_executor.layers.quantization.gguf",)
+_builtins_loaded = False
+
+
+def _load_builtins() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        import importlib
+
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(module)
 
 
 def register_quantization_config(name: str) -> Callable[[type[QuantizationConfig]], type[QuantizationConfig]]:
@@ -28,11 +42,13 @@ def register_quantization_config(name: str) -> Callable[[type[QuantizationConfig
 
 def get_quantization_methods() -> list[str]:
     """The registered ``--quantization`` names."""
+    _load_builtins()
     return sorted(_QUANTIZATION_CONFIGS)
 
 
 def get_quantization_config(name: str) -> type[QuantizationConfig]:
     """The config class of ``name``; a ValueError naming the known ones otherwise."""
+    _load_builtins()
     if name not in _QUANTIZATION_CONFIGS:
         raise ValueError(f"Invalid quantization method: {name!r}. Available: {get_quantization_methods() or 'none yet'}.")
     return _QUANTIZATION_CONFIGS[name]

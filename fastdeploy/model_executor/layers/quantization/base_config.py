@@ -42,6 +42,11 @@ class QuantizationConfig(ABC):
     def from_config(cls, config: dict[str, Any]) -> QuantizationConfig:
         """Build from a checkpoint's ``quantization_config``."""
 
+    @classmethod
+    def check_model(cls, model_config: Any) -> None:
+        """Refuse, at start-up, a model this format cannot serve (a ValueError naming why); nothing by default."""
+        del model_config
+
     @abstractmethod
     def get_quant_method(self, layer: nn.Layer, prefix: str) -> QuantizeMethodBase | None:
         """The method for ``layer`` (named ``prefix`` in the checkpoint); None keeps it unquantized."""

@@ -1,0 +1,247 @@
+"""GGUF files served in their own block formats (vLLM's ``--quantization gguf``).
+
+Every matrix of the file stays in its ggml blocks (``qweight``, uint8, and ``qweight_type``,
+as vLLM names them) and is multiplied straight from them by ``csrc/cpu/gguf_gemm.cc``:
+activations quantized per 32 elements to int8, integer dot products, fp32 accumulation.
+The token embedding dequantizes only the rows it looks up, and a tied LM head multiplies
+with the embedding's own blocks (no second copy of the table).
+
+Supported types: :data:`GGUF_KERNEL_TYPES`. A matrix of any other type (F16 included) is
+refused when the model loads, naming the tensor; serve such a file without
+``--quantization`` (dequantized at load) instead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import paddle
+from paddle import nn
+
+from fastdeploy import _custom_ops as ops
+from fastdeploy.logger import init_logger
+from fastdeploy.model_executor.custom_op import get_op_backend
+from fastdeploy.model_executor.layers.linear import KernelWeight, LinearBase, LinearMethodBase
+from fastdeploy.model_executor.layers.quantization import register_quantization_config
+from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from fastdeploy.model_executor.utils import new_parameter
+from fastdeploy.transformers_utils.gguf_utils import GGUFBlocks
+
+if TYPE_CHECKING:
+    from fastdeploy.model_executor.layers.vocab_embedding import VocabParallelEmbedding
+
+logger = init_logger(__name__)
+
+# ggml type id -> name, for the types the block kernels multiply.
+GGUF_KERNEL_TYPES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+# The platform's kernel path names (OpBackend.gguf) -> the op's isa argument.
+KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512-vnni": 2}
+
+
+def check_blocks(loaded: Any, where: str, shape: tuple[int, int]) -> GGUFBlocks:
+    """``loaded`` as GGUF blocks the kernels take, of HF shape ``shape``; a ValueError naming what is wrong."""
+    if not isinstance(loaded, GGUFBlocks):
+        raise ValueError(
+            f"quantization='gguf' serves tensors of a GGUF file in their blocks; {where} got a dense "
+            f"{type(loaded).__name__} (load a GGUF file, or drop --quantization gguf)."
+        )
+    if loaded.ggml_type not in GGUF_KERNEL_TYPES:
+        raise ValueError(
+            f"GGUF tensor {loaded.name!r} has type {loaded.type_name}, which quantization='gguf' has no kernel for; "
+            f"supported: {', '.join(GGUF_KERNEL_TYPES.values())}. Serve the file without --quantization "
+            "to dequantize it at load instead."
+        )
+    if tuple(loaded.shape) != tuple(shape):
+        raise ValueError(f"Shape mismatch loading {where}: checkpoint has {loaded.shape}, model expects {shape}.")
+    return loaded
+
+
+def random_blocks(ggml_type: int, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Synthetic GGUF weights ``[rows, bytes per row]`` for kernel tests and benchmarks.
+
+    Random quants (every byte pattern is a valid block) with fp16 scales and mins of a
+    plausible size (~0.01): gguf-py cannot quantize the K-quants, and timings do not depend
+    on the values.
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    qtype = GGMLQuantizationType(ggml_type)
+    elems, size = GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, k // elems, size), dtype=np.uint8)
+    # Byte offsets of the fp16 scale (and min) fields in a block.
+    fp16_fields = {"Q6_K": [208], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q4_1": [0, 2], "Q5_1": [0, 2]}
+    for offset in fp16_fields.get(qtype.name, [0]):
+        value = (rng.standard_normal((rows, k // elems)) * 0.01).astype(np.float16)
+        raw[:, :, offset : offset + 2] = value.view(np.uint8).reshape(rows, k // elems, 2)
+    return raw.reshape(rows, -1)
+
+
+def dequantize_rows(qweight: paddle.Tensor, ggml_type: int, rows: int, dim: int) -> paddle.Tensor:
+    """All ``rows`` rows of a block table as fp32 ``[rows, dim]`` (inspection and export, not the forward)."""
+    return ops.gguf_embedding(paddle.arange(rows, dtype="int64"), qweight, ggml_type, dim)
+
+
+@register_quantization_config("gguf")
+class GGUFConfig(QuantizationConfig):
+    """``--quantization gguf``: a GGUF file's matrices kept in their blocks, multiplied by the block kernels.
+
+    Args:
+        kernel_path: the kernel path ("avx512-vnni", "avx2", "scalar"); default: the platform's choice.
+
+    Raises:
+        RuntimeError: the block kernels are not built here (the reason is logged by the kernel loader).
+    """
+
+    def __init__(self, kernel_path: str | None = None) -> None:
+        path = kernel_path or get_op_backend().gguf
+        if path not in KERNEL_PATHS:
+            raise RuntimeError(
+                "quantization='gguf' needs the C++ block kernels (csrc/cpu/gguf_gemm.cc), which are not available "
+                "here (FD_CPU_KERNELS=0, or the kernels did not build: see the warning above)."
+            )
+        self.kernel_path = path
+        self.isa = KERNEL_PATHS[path]
+
+    def __repr__(self) -> str:
+        return f"GGUFConfig(kernel_path={self.kernel_path!r})"
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "gguf"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> GGUFConfig:
+        return cls()
+
+    @classmethod
+    def check_model(cls, model_config: Any) -> None:
+        if not getattr(model_config, "gguf_file", None):
+            raise ValueError(
+                f"quantization='gguf' needs a GGUF file, and {model_config.model!r} is not one; "
+                "give the path of a .gguf file (or drop --quantization)."
+            )
+
+    def get_quant_method(self, layer: nn.Layer, prefix: str) -> QuantizeMethodBase | None:
+        from fastdeploy.model_executor.layers.vocab_embedding import VocabParallelEmbedding
+
+        if isinstance(layer, VocabParallelEmbedding):
+            return GGUFEmbeddingMethod()
+        if isinstance(layer, LinearBase):
+            return GGUFLinearMethod(self.isa)
+        return None
+
+
+class GGUFLinearMethod(LinearMethodBase):
+    """A linear layer's weight kept as GGUF blocks; the forward is ``fd_gguf_linear``.
+
+    The checkpoint's tensor (or each shard of a fused layer) arrives through
+    :meth:`weight_loader` as :class:`GGUFBlocks`; :meth:`process_weights_after_loading`
+    concatenates the shards' rows into one ``qweight`` with its ``(type, rows)`` segments,
+    so shards of different types (Q4_K q/k with a Q6_K v, as ``Q4_K_M`` files have) run in
+    one call.
+
+    Args:
+        isa: the kernel path's id (:data:`KERNEL_PATHS`).
+    """
+
+    def __init__(self, isa: int) -> None:
+        self.isa = isa
+
+    def create_weights(self, layer: LinearBase, input_size: int, output_size: int, bias: bool, dtype: str) -> None:
+        # An empty placeholder the model's loader finds by name; the blocks replace it.
+        layer.weight = new_parameter([0], dtype)
+        layer.bias = new_parameter([output_size], dtype) if bias else None
+        object.__setattr__(layer, "_gguf_shards", {})
+
+    def weight_loader(self, layer: LinearBase, param: paddle.Tensor, loaded: Any, shard_id: object = None) -> bool:
+        if param is not layer.weight or param is None:
+            return False
+        start, size = (0, layer.output_size) if shard_id is None else layer.shard_offsets[shard_id]
+        where = f"{type(layer).__name__}" + ("" if shard_id is None else f"[{shard_id}]")
+        layer._gguf_shards[start] = check_blocks(loaded, where, (size, layer.input_size))
+        return True
+
+    def tie_weights(self, layer: LinearBase, embedding: VocabParallelEmbedding) -> None:
+        """Multiply with the embedding's own blocks (tied word embeddings): no copy of the table."""
+        qweight, ggml_type, dim = embedding._gguf_args
+        if dim != layer.input_size:
+            raise ValueError(f"Cannot tie the LM head ({layer.input_size} inputs) to an embedding of {dim}.")
+        self._finish(layer, qweight, [ggml_type, layer.output_size])
+
+    def _finish(self, layer: LinearBase, qweight: paddle.Tensor, segments: list[int]) -> None:
+        layer.register_buffer("qweight", qweight, persistable=True)
+        # (type, rows) pairs; vLLM's qweight_type is the type of each.
+        object.__setattr__(layer, "qweight_type", segments[0::2])
+        object.__setattr__(layer, "_gguf_args", (qweight, layer.bias, segments, self.isa))
+        object.__setattr__(layer, "_gguf_shards", {})
+        layer.weight = None
+
+    def process_weights_after_loading(self, layer: LinearBase, dtype: str) -> bool:
+        """Concatenate the loaded shards' blocks once; True: the layer computes whatever ``dtype`` is."""
+        if getattr(layer, "_gguf_args", None) is not None:
+            return True
+        shards = [layer._gguf_shards[start] for start in sorted(layer._gguf_shards)]
+        if sum(s.shape[0] for s in shards) != layer.output_size:
+            raise ValueError(f"{type(layer).__name__}: GGUF shards cover {sum(s.shape[0] for s in shards)} of "
+                             f"{layer.output_size} output rows.")
+        segments: list[int] = []
+        for s in shards:  # consecutive shards of one type are one segment
+            if segments and segments[-2] == s.ggml_type:
+                segments[-1] += s.shape[0]
+            else:
+                segments += [s.ggml_type, s.shape[0]]
+        data = np.concatenate([np.ascontiguousarray(s.data).reshape(-1) for s in shards])
+        self._finish(layer, paddle.to_tensor(data), segments)
+        return True
+
+    def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
+        return ops.gguf_linear(x, *layer._gguf_args)
+
+    def kernel_weight(self, layer: LinearBase) -> KernelWeight | None:
+        args = getattr(layer, "_gguf_args", None)
+        if args is None:
+            return None
+        qweight, bias, segments, isa = args
+        return KernelWeight(qweight, bias, "gguf", segments, isa)
+
+    def dense_weight(self, layer: LinearBase) -> paddle.Tensor:
+        qweight, _, segments, _ = layer._gguf_args
+        parts, offset = [], 0
+        for ggml_type, rows in zip(segments[0::2], segments[1::2], strict=True):
+            nbytes = _row_bytes(ggml_type, layer.input_size) * rows
+            parts.append(dequantize_rows(qweight[offset : offset + nbytes], ggml_type, rows, layer.input_size))
+            offset += nbytes
+        return paddle.concat(parts, axis=0).T
+
+
+def _row_bytes(ggml_type: int, k: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    return k // block * type_size
+
+
+class GGUFEmbeddingMethod(QuantizeMethodBase):
+    """A token embedding kept as GGUF blocks: each step dequantizes only the rows it looks up (``fd_gguf_embedding``)."""
+
+    def create_weights(self, layer: VocabParallelEmbedding, num_embeddings: int, embedding_dim: int,
+                       dtype: str) -> None:
+        layer.weight = new_parameter([0], dtype)  # the placeholder the loader finds; the blocks replace it
+
+    def weight_loader(self, layer: VocabParallelEmbedding, param: paddle.Tensor, loaded: Any,
+                      shard_id: object = None) -> bool:
+        blocks = check_blocks(loaded, type(layer).__name__, (layer.num_embeddings, layer.embedding_dim))
+        qweight = paddle.to_tensor(np.ascontiguousarray(blocks.data).reshape(-1))
+        layer.register_buffer("qweight", qweight, persistable=True)
+        object.__setattr__(layer, "qweight_type", blocks.ggml_type)
+        object.__setattr__(layer, "_gguf_args", (qweight, blocks.ggml_type, layer.embedding_dim))
+        layer.weight = None
+        return True
+
+    def apply(self, layer: VocabParallelEmbedding, input_ids: paddle.Tensor) -> paddle.Tensor:
+        return ops.gguf_embedding(input_ids, *layer._gguf_args)
+
+    def dense_weight(self, layer: VocabParallelEmbedding) -> paddle.Tensor:
+        qweight, ggml_type, dim = layer._gguf_args
+        return dequantize_rows(qweight, ggml_type, layer.num_embeddings, dim)

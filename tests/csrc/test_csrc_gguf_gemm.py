@@ -1,0 +1,117 @@
+"""fd_gguf_linear / fd_gguf_embedding (csrc/cpu/gguf_gemm.cc) against gguf-py's dequantization.
+
+The reference is what the kernel computes in exact arithmetic: the activations quantized per
+32 elements (dx = max|x| / 127, q = round(x / dx)) and dequantized again, times the weights
+dequantized by ``gguf.quants.dequantize``, in fp64. Every path this CPU can run is checked.
+"""
+
+import ctypes
+
+import numpy as np
+import paddle
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from fastdeploy import _custom_ops as ops
+from fastdeploy.model_executor.layers.quantization.gguf import GGUF_KERNEL_TYPES, KERNEL_PATHS
+from fastdeploy.model_executor.layers.quantization.gguf import random_blocks as gguf_random_blocks
+from fastdeploy.platforms.cpu import gguf_kernel_paths
+
+rng = np.random.default_rng(0)
+TYPES = [GGMLQuantizationType(t) for t in GGUF_KERNEL_TYPES]
+PATHS = gguf_kernel_paths()  # every path this CPU runs
+# K: several blocks, and two 256-element superblocks for the K-quants; N: no multiple of a column tile.
+K, N = 512, 37
+
+
+def random_blocks(qtype: GGMLQuantizationType, n: int, k: int) -> np.ndarray:
+    """``[n, bytes per row]`` random blocks: random quants, fp16 scales (and mins) of a plausible size."""
+    return gguf_random_blocks(int(qtype), n, k, rng)
+
+
+def as_kernel_sees(x: np.ndarray) -> np.ndarray:
+    """``x`` quantized per 32 elements to int8 and back (the kernel's rounding: nearest, ties to even)."""
+    m, k = x.shape
+    blocks = x.reshape(m, k // 32, 32)
+    d = (np.abs(blocks).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return (np.rint(blocks * inv) * d).reshape(m, k)
+
+
+def linear(x, w, segments, path, bias=None):
+    b = None if bias is None else paddle.to_tensor(bias)
+    return ops.gguf_linear(paddle.to_tensor(x), paddle.to_tensor(w.reshape(-1)), b, segments, KERNEL_PATHS[path]).numpy()
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_matches_dequantized_weights_times_quantized_activations(qtype, path):
+    w = random_blocks(qtype, N, K)
+    wd = dequantize(w, qtype).astype(np.float64)
+    for m in (1, 2, 3, 7, 16, 33):  # every row-tile height and remainder
+        x = rng.standard_normal((m, K)).astype(np.float32)
+        got = linear(x, w, [int(qtype), N], path)
+        want = as_kernel_sees(x).astype(np.float64) @ wd.T
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=f"M={m}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_segments_of_mixed_types_with_bias(path):
+    """A fused layer of shards in different types (as Q4_K_M files have) is one call."""
+    types = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0]
+    rows = [24, 8, 13]
+    parts = [random_blocks(t, r, K) for t, r in zip(types, rows, strict=True)]
+    w = np.concatenate([p.reshape(-1) for p in parts])
+    wd = np.concatenate([dequantize(p, t) for p, t in zip(parts, types, strict=True)]).astype(np.float64)
+    bias = rng.standard_normal(sum(rows)).astype(np.float32)
+    x = rng.standard_normal((5, K)).astype(np.float32)
+    segments = [v for t, r in zip(types, rows, strict=True) for v in (int(t), r)]
+    got = linear(x.reshape(5, 1, K), w, segments, path, bias)
+    assert got.shape == (5, 1, sum(rows))
+    want = as_kernel_sees(x).astype(np.float64) @ wd.T + bias
+    np.testing.assert_allclose(got.reshape(5, -1), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def _set_omp_threads(n: int) -> None:
+    ctypes.CDLL("libgomp.so.1").omp_set_num_threads(n)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q6_K],
+                         ids=lambda t: t.name)
+def test_a_row_is_independent_of_the_batch_and_the_thread_count(qtype, path):
+    n = 300  # enough columns for every thread to take some
+    w = random_blocks(qtype, n, K)
+    x = rng.standard_normal((33, K)).astype(np.float32)
+    batch = linear(x, w, [int(qtype), n], path)
+    for r in (0, 5, 32):
+        np.testing.assert_array_equal(linear(x[r : r + 1], w, [int(qtype), n], path)[0], batch[r])
+    try:
+        _set_omp_threads(1)
+        np.testing.assert_array_equal(linear(x, w, [int(qtype), n], path), batch)
+    finally:
+        _set_omp_threads(2)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_embedding_rows_are_the_dequantized_rows(qtype):
+    w = random_blocks(qtype, N, K)
+    ids = np.array([[3, 0], [36, 3]], dtype=np.int64)
+    got = ops.gguf_embedding(paddle.to_tensor(ids), paddle.to_tensor(w.reshape(-1)), int(qtype), K).numpy()
+    assert got.shape == (2, 2, K)
+    np.testing.assert_allclose(got, dequantize(w, qtype)[ids], rtol=1e-6, atol=0)
+
+
+def test_bad_input_is_refused():
+    w = paddle.to_tensor(random_blocks(GGMLQuantizationType.Q8_0, 4, 64).reshape(-1))
+    x = paddle.ones([1, 64])
+    with pytest.raises(OSError, match="ggml type 1 has no kernel"):  # F16
+        ops.gguf_linear(x, w, None, [1, 4], 0)
+    with pytest.raises(OSError, match="not a multiple of its block"):
+        ops.gguf_linear(paddle.ones([1, 48]), w, None, [8, 4], 0)
+    with pytest.raises(OSError, match="the weight has 272 bytes, its segments 340"):
+        ops.gguf_linear(x, w, None, [8, 5], 0)
+    with pytest.raises(OSError, match="token id 4 is outside the table"):
+        ops.gguf_embedding(paddle.to_tensor(np.array([4], np.int64)), w, 8, 64)
+    assert ops.gguf_linear(paddle.zeros([0, 64]), w, None, [8, 4], 0).shape == [0, 4]
