@@ -140,10 +140,12 @@ class OpenAIServingCompletion(OpenAIServing):
             return _Generated("", [], [])
         return _Generated(output.text, output.token_ids, output.logprobs)
 
-    def _echoed(self, prompt: ProcessedPrompt, res: RequestOutput, generated: _Generated) -> _Generated:
+    def _echoed(self, request: CompletionRequest, prompt: ProcessedPrompt, res: RequestOutput,
+                generated: _Generated) -> _Generated:
         logprobs = [*(res.prompt_logprobs or []), *(generated.logprobs or [])]
-        return _Generated(self._prompt_text(prompt) + generated.text, [*prompt.token_ids, *generated.token_ids],
-                          logprobs)
+        # With return_token_ids the prompt comes back as prompt_token_ids, not as text (vLLM).
+        text = "" if request.return_token_ids else self._prompt_text(prompt)
+        return _Generated(text + generated.text, [*prompt.token_ids, *generated.token_ids], logprobs)
 
     def _logprobs(self, request: CompletionRequest, shown: _Generated, text_offset: int = 0) -> CompletionLogProbs | None:
         if request.logprobs is None:
@@ -188,7 +190,7 @@ class OpenAIServingCompletion(OpenAIServing):
             num_cached = res.num_cached_tokens
             for output in sorted(res.outputs, key=lambda o: o.index):
                 generated = self._generated(request, output)
-                shown = self._echoed(prompt, res, generated) if request.echo else generated
+                shown = self._echoed(request, prompt, res, generated) if request.echo else generated
                 choices.append(CompletionResponseChoice(
                     index=len(choices),
                     text=shown.text,
@@ -229,7 +231,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     if request.echo and first:
                         if not output.token_ids and output.finish_reason is None:
                             continue  # the prompt's logprobs are complete once the first token is sampled
-                        shown = self._echoed(prompts[p], res, generated)
+                        shown = self._echoed(request, prompts[p], res, generated)
                     else:
                         shown = generated
                         if not shown.text and not shown.token_ids and output.finish_reason is None:

@@ -40,3 +40,14 @@ async def test_completion_chunks_carry_prompt_token_ids_first():
     chunks = await _completion_chunks(serving, {"stream_options": {"include_usage": True}})
     assert ["usage" in c for c in chunks] == [False, False, True]
     assert all(c["choices"][0]["token_ids"] is None for c in chunks[:-1])
+
+
+@pytest.mark.anyio
+async def test_echo_with_return_token_ids_gives_the_prompt_as_ids_not_text():
+    """vLLM's rule: with return_token_ids an echoed prompt comes back as prompt_token_ids, its text left out."""
+    serving = _serving(OpenAIServingCompletion)
+    first, _ = await _completion_chunks(serving, {"echo": True})
+    assert first["choices"][0]["text"] == "pa" and first["choices"][0]["prompt_token_ids"] == [1, 2, 3]
+    first, last = await _completion_chunks(serving, {"echo": True, "return_token_ids": True})
+    assert first["choices"][0]["text"] == "a" and first["choices"][0]["prompt_token_ids"] == [1, 2, 3]
+    assert last["choices"][0]["text"] == "b"
