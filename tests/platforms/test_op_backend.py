@@ -127,7 +127,12 @@ def test_fd_cpu_gguf_kernel_picks_the_gguf_path(monkeypatch):
     monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx9")
     with pytest.raises(ValueError, match="FD_CPU_GGUF_KERNEL must be auto, avx512-vnni, avx2 or scalar"):
         gguf_kernel_path()
-    if "avx512-vnni" not in paths:
-        monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx512-vnni")
-        with pytest.raises(ValueError, match="cannot run on this CPU"):
-            gguf_kernel_path()
+    # A path this CPU cannot run, whatever CPU runs the test: an AVX2-only one is made up.
+    import fastdeploy.platforms.cpu as cpu
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    monkeypatch.setattr(cpu, "cpu_has_avx2_fma", lambda: True)
+    assert gguf_kernel_paths() == ["avx2", "scalar"]
+    monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx512-vnni")
+    with pytest.raises(ValueError, match="FD_CPU_GGUF_KERNEL=avx512-vnni cannot run on this CPU; it runs: avx2, scalar"):
+        gguf_kernel_path()
