@@ -131,7 +131,10 @@ class OpenAIServingCompletion(OpenAIServing):
 
     # ---- output shaping ---------------------------------------------------------------------
     def _prompt_text(self, prompt: ProcessedPrompt) -> str:
-        return prompt.text if prompt.text else self.tokenizer.decode(prompt.token_ids)
+        if prompt.text:
+            return prompt.text
+        # --skip-tokenizer-init: no text anywhere, the echoed prompt is in its token ids alone.
+        return self.tokenizer.decode(prompt.token_ids) if self.tokenizer is not None else ""
 
     @staticmethod
     def _generated(request: CompletionRequest, output: CompletionOutput) -> _Generated:

@@ -40,3 +40,11 @@ async def test_completion_chunks_carry_prompt_token_ids_first():
     chunks = await _completion_chunks(serving, {"stream_options": {"include_usage": True}})
     assert ["usage" in c for c in chunks] == [False, False, True]
     assert all(c["choices"][0]["token_ids"] is None for c in chunks[:-1])
+
+
+def test_echo_without_a_tokenizer_is_the_prompt_token_ids_alone():
+    """--skip-tokenizer-init: an echoed token-id prompt has no text (it was a 500 'NoneType ... decode')."""
+    serving = OpenAIServingCompletion.__new__(OpenAIServingCompletion)
+    serving.tokenizer = None
+    assert serving._prompt_text(ProcessedPrompt(text=None, token_ids=[1, 2, 3])) == ""
+    assert serving._prompt_text(ProcessedPrompt(text="Hi", token_ids=[1])) == "Hi"
