@@ -217,12 +217,14 @@ async def retrieve_model(model_name: str, raw_request: Request) -> Response:
     return to_response(card)
 
 
-@router.post("/tokenize", response_model=None, dependencies=JSON_BODY, responses=api_responses(TokenizeResponse, authenticated=False))
+@router.post("/tokenize", response_model=None, dependencies=JSON_BODY,
+             responses=api_responses(TokenizeResponse, authenticated=False))
 async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
     return to_response(await raw_request.app.state.openai_serving_tokenization.create_tokenize(request))
 
 
-@router.post("/detokenize", response_model=None, dependencies=JSON_BODY, responses=api_responses(DetokenizeResponse, authenticated=False))
+@router.post("/detokenize", response_model=None, dependencies=JSON_BODY,
+             responses=api_responses(DetokenizeResponse, authenticated=False))
 async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Response:
     return to_response(await raw_request.app.state.openai_serving_tokenization.create_detokenize(request))
 
@@ -232,7 +234,8 @@ async def tokenizer_info(raw_request: Request) -> JSONResponse:
     return JSONResponse(raw_request.app.state.openai_serving_tokenization.tokenizer_info())
 
 
-@router.post("/v1/completions", response_model=None, dependencies=JSON_BODY, responses=api_responses(CompletionResponse, streams=True))
+@router.post("/v1/completions", response_model=None, dependencies=JSON_BODY,
+             responses=api_responses(CompletionResponse, streams=True))
 @load_tracked
 @with_cancellation
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
