@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -329,6 +330,37 @@ def _connector_protocol(value: str | None) -> str:
 
 
 @dataclass
+class ObservabilityConfig:
+    """What the engine reports about itself (vLLM's ObservabilityConfig).
+
+    ``show_hidden_metrics_for_version``: vLLM's escape hatch for Prometheus metrics that were
+    deprecated and then hidden in a release; given that release's previous minor version
+    ("0.32" for 0.33, the vLLM release FastDeploy follows) the hidden metrics are exported
+    again. Any other version shows none, as in vLLM.
+    """
+
+    show_hidden_metrics_for_version: str | None = None
+
+    def __post_init__(self) -> None:
+        version = self.show_hidden_metrics_for_version
+        if version is not None and not re.fullmatch(r"\d+\.\d+", version):
+            raise ValueError(f"--show-hidden-metrics-for-version must be a MAJOR.MINOR version such as "
+                             f"{previous_minor_version()!r}, got {version!r}.")
+
+    @property
+    def show_hidden_metrics(self) -> bool:
+        return self.show_hidden_metrics_for_version == previous_minor_version()
+
+
+def previous_minor_version() -> str:
+    """The minor version before the vLLM release whose API and metrics FastDeploy follows."""
+    from fastdeploy.version import VLLM_COMPAT_VERSION
+
+    major, minor = (int(part) for part in VLLM_COMPAT_VERSION.split(".")[:2])
+    return f"{major}.{minor - 1}"
+
+
+@dataclass
 class FDConfig:
     """Everything the engine needs, resolved and validated once."""
 
@@ -341,6 +373,7 @@ class FDConfig:
     kv_transfer_config: KVTransferConfig = field(default_factory=KVTransferConfig)
     # A dict (from the command line) is turned into a StructuredOutputsConfig.
     structured_outputs_config: StructuredOutputsConfig | dict[str, Any] | None = None
+    observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
         from fastdeploy.platforms import current_platform

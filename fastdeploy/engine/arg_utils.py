@@ -14,6 +14,7 @@ from fastdeploy.config import (
     KVTransferConfig,
     LoadConfig,
     ModelConfig,
+    ObservabilityConfig,
     ParallelConfig,
     SchedulerConfig,
     StructuredOutputsConfig,
@@ -109,6 +110,9 @@ class EngineArgs:
     graph_optimization_config: dict[str, Any] | None = None
     splitwise_role: str = "mixed"
     disable_log_stats: bool = False
+    show_hidden_metrics_for_version: str | None = None
+    # vLLM's text watermarking (not built: refused by name).
+    watermark_config: dict[str, Any] | None = None
     enable_logprob: bool = False
     # FastDeploy's own deployment flags: engine ports, PD disaggregation (KVTransferConfig),
     # the router to register with and the global scheduler's Redis.
@@ -182,6 +186,7 @@ class EngineArgs:
                                                            self.pd_comm_port, self.cache_transfer_protocol,
                                                            self.router),
             structured_outputs_config=structured_outputs_config,
+            observability_config=ObservabilityConfig(self.show_hidden_metrics_for_version),
         )
 
     def _structured_outputs_config(self) -> StructuredOutputsConfig:
@@ -219,6 +224,8 @@ class EngineArgs:
             "scheduling_policy": self.scheduling_policy == "priority",
             # No kernel reads or writes an fp8 KV cache ("bfloat16" is checked against the model's dtype).
             "kv_cache_dtype": self.kv_cache_dtype.startswith("fp8"),
+            # vLLM's Gumbel-max text watermarking: the sampler has no keyed watermark here.
+            "watermark_config": self.watermark_config is not None,
         }
         for name, used in unbuilt.items():
             if used:
@@ -237,7 +244,8 @@ class EngineArgs:
         unknown = set(kwargs) - cls.field_names()
         if unknown:
             raise TypeError(f"Unknown engine argument(s): {', '.join(sorted(unknown))}")
-        for key in ("speculative_config", "kv_transfer_config", "structured_outputs_config", "graph_optimization_config"):
+        for key in ("speculative_config", "kv_transfer_config", "structured_outputs_config", "graph_optimization_config",
+                    "watermark_config"):
             if key in kwargs and not isinstance(kwargs[key], StructuredOutputsConfig):
                 kwargs[key] = parse_json(kwargs[key])
         return cls(**kwargs)

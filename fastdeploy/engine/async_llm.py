@@ -98,11 +98,16 @@ class AsyncLLM:
         self._stats_task: asyncio.Task | None = None
         self.engine_core = EngineCoreClient(fd_config, engine_core_cls=engine_core_cls, port=engine_port)
         cache = fd_config.cache_config
+        kv_cache_tokens = cache.num_blocks * cache.block_size
         prometheus = PrometheusStatLogger(
             self.model_config.served_model_name[0] or "",
             self.model_config.max_model_len,
             {"block_size": str(cache.block_size), "num_gpu_blocks": str(cache.num_blocks),
-             "enable_prefix_caching": str(cache.enable_prefix_caching)},
+             "enable_prefix_caching": str(cache.enable_prefix_caching),
+             # vLLM's capacity labels: tokens the KV cache holds, and how many max_model_len requests fit.
+             "kv_cache_size_tokens": str(kv_cache_tokens),
+             "kv_cache_max_concurrency": f"{kv_cache_tokens / self.model_config.max_model_len:.2f}"},
+            show_hidden_metrics=fd_config.observability_config.show_hidden_metrics,
         )
         prometheus.kv_total_blocks.set(cache.num_blocks)
         self.stat_loggers = StatLoggerManager(prometheus, log_stats)

@@ -53,6 +53,8 @@ def _model_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", help="Always run eagerly (no graph capture; on CPU always so: warns).")
     g.add_argument("--model-impl", type=str, default="auto", choices=["auto", "fastdeploy", "paddleformers"],
                    help="Model implementation.")
+    g.add_argument("--skip-tokenizer-init", action="store_true",
+                   help="Load no tokenizer: prompts must be token ids, outputs carry token ids and no text.")
     g.add_argument("--served-model-name", type=str, nargs="+", default=None,
                    help="Model name(s) used in the API; the first is reported in responses.")
 
@@ -117,6 +119,9 @@ def _deployment_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-logprob", action="store_true",
                    help="Accepted for FastDeploy scripts; logprobs are always available (warns when set).")
     g.add_argument("--disable-log-stats", action="store_true", help="Do not log throughput statistics.")
+    g.add_argument("--show-hidden-metrics-for-version", type=str, default=None,
+                   help="Export again the metrics hidden since this version's next release (vLLM's escape "
+                        "hatch; e.g. 0.32 for the 0.33 metric set FastDeploy follows).")
 
 
 def _feature_group(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +131,7 @@ def _feature_group(parser: argparse.ArgumentParser) -> None:
         ("--kv-transfer-config", "KV transfer config for disaggregated serving"),
         ("--structured-outputs-config", "Structured outputs config"),
         ("--graph-optimization-config", "FastDeploy graph optimization config (CUDA graphs; warns on CPU)"),
+        ("--watermark-config", "vLLM's text watermarking config (not built yet: refused)"),
     ):
         g.add_argument(flag, type=optional_json, default=None, help=f"{what} (JSON, or --{flag[2:]}.KEY VALUE).")
     g.add_argument("--guided-decoding-backend", type=str, default=None,

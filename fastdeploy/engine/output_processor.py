@@ -130,6 +130,7 @@ class RequestState:
         if self.metrics.first_token_time is None and eco.new_token_ids:
             self.metrics.first_token_time = now
         self.metrics.last_token_time = now
+        self.metrics.num_preemptions = eco.num_preemptions
         self.num_cached_tokens = eco.num_cached_tokens
         if eco.kv_transfer_params is not None:
             self.kv_transfer_params = eco.kv_transfer_params

@@ -68,6 +68,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # Set when the request failed inside a running engine (KV transfer, global scheduler):
     # the front end raises it to this request's caller alone.
     error: str | None = None
+    # Times the request was preempted so far (vllm:request_num_preemptions); 0 is not sent.
+    num_preemptions: int = 0
 
     @property
     def finished(self) -> bool:
@@ -79,6 +81,9 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
+    # Of the waiting requests, those waiting for something other than room in the batch (their KV
+    # cache from a prefill instance): vllm:num_requests_waiting_by_reason{reason="deferred"}.
+    num_deferred_reqs: int = 0
     kv_cache_usage: float = 0.0
     num_used_blocks: int = 0
     prefix_cache_queries: int = 0

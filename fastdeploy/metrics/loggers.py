@@ -8,6 +8,7 @@ under ``fastdeploy:``.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -49,12 +50,22 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         scale *= 10
 
 
+# Metrics deprecated and hidden in the vLLM release FastDeploy follows, each a factory registering it:
+# exported only with --show-hidden-metrics-for-version set to the previous minor version. None now.
+HIDDEN_METRICS: list[Callable[[CollectorRegistry, str], object]] = []
+
+
 class PrometheusStatLogger:
     """The Prometheus side of the stats: one registry the server's /metrics exposes."""
 
     def __init__(self, model_name: str, max_model_len: int, cache_info: dict[str, str] | None = None,
-                 registry: CollectorRegistry | None = None) -> None:
+                 registry: CollectorRegistry | None = None, show_hidden_metrics: bool = False) -> None:
         self.registry = registry or CollectorRegistry()
+        # --show-hidden-metrics-for-version: the deprecated metrics hidden in the followed vLLM release
+        # (HIDDEN_METRICS) are registered only then. vLLM 0.33 hides none of the metrics exported here.
+        self.show_hidden_metrics = show_hidden_metrics
+        self.hidden_metrics = [factory(self.registry, model_name) for factory in HIDDEN_METRICS] \
+            if show_hidden_metrics else []
         for collector in (process_collector.ProcessCollector, platform_collector.PlatformCollector,
                           gc_collector.GCCollector):
             collector(registry=self.registry)
@@ -72,6 +83,11 @@ class PrometheusStatLogger:
 
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        # capacity: waiting for room in the batch (KV blocks, budget); deferred: waiting for something
+        # else to arrive first (the KV cache from a prefill instance).
+        by_reason = Gauge("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.",
+                          [*labels, "reason"], registry=self.registry)
+        self.waiting_by_reason = {reason: by_reason.labels(*values, reason) for reason in ("capacity", "deferred")}
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.kv_used_blocks = gauge("fastdeploy:kv_cache_used_blocks", "KV-cache blocks held by requests.")
         self.kv_total_blocks = gauge("fastdeploy:kv_cache_total_blocks", "KV-cache blocks in the pool.")
@@ -98,6 +114,10 @@ class PrometheusStatLogger:
                                                    "Number of generation tokens processed.", token_buckets)
         self.request_max_tokens = histogram("vllm:request_params_max_tokens",
                                             "Histogram of the max_tokens request parameter.", token_buckets)
+        self.request_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.",
+                                   [1, 2, 5, 10, 20])
+        self.request_preemptions = histogram("vllm:request_num_preemptions",
+                                             "Number of preemptions per finished request.", [0, 1, 2, 5, 10, 20, 50])
         self.iteration_tokens = histogram("vllm:iteration_tokens_total",
                                           "Histogram of number of tokens per engine_step.", _ITERATION_TOKEN_BUCKETS)
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
@@ -128,6 +148,8 @@ class PrometheusStatLogger:
         if scheduler_stats is not None:
             self.running.set(scheduler_stats.num_running_reqs)
             self.waiting.set(scheduler_stats.num_waiting_reqs)
+            self.waiting_by_reason["capacity"].set(scheduler_stats.num_waiting_reqs - scheduler_stats.num_deferred_reqs)
+            self.waiting_by_reason["deferred"].set(scheduler_stats.num_deferred_reqs)
             self.kv_usage.set(scheduler_stats.kv_cache_usage)
             self.kv_used_blocks.set(scheduler_stats.num_used_blocks)
             self.prefix_queries.inc(scheduler_stats.prefix_cache_queries)
@@ -163,6 +185,8 @@ class PrometheusStatLogger:
             self.request_generation_tokens.observe(finished.num_generation_tokens)
             if finished.max_tokens_param:
                 self.request_max_tokens.observe(finished.max_tokens_param)
+            self.request_n.observe(finished.n_param)
+            self.request_preemptions.observe(finished.num_preemptions)
 
 
 class LoggingStatLogger:

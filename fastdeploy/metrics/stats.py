@@ -26,6 +26,9 @@ class FinishedRequestStats:
     num_prompt_tokens: int
     num_generation_tokens: int
     max_tokens_param: int | None
+    # The request's n (its parent's for a child of an n > 1 request) and its preemptions.
+    n_param: int
+    num_preemptions: int
     queued_time: float
     prefill_time: float
     inference_time: float
@@ -72,6 +75,8 @@ class IterationStats:
                 num_prompt_tokens=len(state.prompt_token_ids),
                 num_generation_tokens=len(state.token_ids),
                 max_tokens_param=state.sp.max_tokens,
+                n_param=state.parent.n if state.parent is not None else state.sp.n,
+                num_preemptions=metrics.num_preemptions,
                 queued_time=scheduled - metrics.arrival_time,
                 prefill_time=first_token - scheduled,
                 inference_time=now - scheduled,

@@ -98,6 +98,12 @@ class CpuPlatform(Platform):
             if dtype == "auto":
                 return "float32"
             raise ValueError(f"dtype='bfloat16' is not available on this CPU build: {missing}. Use --dtype float32.")
+        if dtype == "float16":
+            # vLLM's CPU backend computes in fp16; Paddle's CPU build has no fp16 kernels at all (not even
+            # add or matmul), so fp16 cannot be computed here, and computing in another dtype instead
+            # would not be what was asked for.
+            raise ValueError("dtype='float16' is not supported on CPU: Paddle's CPU build has no float16 kernels "
+                             "(not even add or matmul). Use --dtype auto, bfloat16 or float32.")
         raise ValueError(
             f"dtype={dtype!r} is not supported on CPU (no {dtype} kernels); use --dtype auto, bfloat16 or float32."
         )

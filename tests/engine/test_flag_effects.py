@@ -151,3 +151,17 @@ def test_spec_decode_counters_are_not_registered_without_speculative_decoding():
     names = {metric.name for metric in registry.collect()}
     assert not [n for n in names if "spec_decode" in n]
     assert "vllm:prompt_tokens" in names
+
+
+def test_hidden_metrics_are_exported_only_with_show_hidden_metrics(monkeypatch):
+    """--show-hidden-metrics-for-version brings back the metrics the followed vLLM release hides."""
+    from prometheus_client import Gauge
+
+    from fastdeploy.metrics import loggers
+
+    monkeypatch.setattr(loggers, "HIDDEN_METRICS", [
+        lambda registry, model: Gauge("vllm:deprecated_example", "A hidden metric.", ["model_name"],
+                                      registry=registry).labels(model)])
+    shown = {m.name for m in PrometheusStatLogger("m", 256, {}, show_hidden_metrics=True).registry.collect()}
+    hidden = {m.name for m in PrometheusStatLogger("m", 256, {}).registry.collect()}
+    assert "vllm:deprecated_example" in shown and "vllm:deprecated_example" not in hidden

@@ -402,6 +402,7 @@ class Scheduler:
                     num_cached_tokens=request.num_cached_tokens,
                     kv_transfer_params=kv_params,
                     error=error,
+                    num_preemptions=request.num_preemptions,
                 )
             )
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
@@ -448,6 +449,7 @@ class Scheduler:
         return SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting) + len(self.waiting_for_kv),
+            num_deferred_reqs=len(self.waiting_for_kv),
             kv_cache_usage=self.kv_cache_manager.usage,
             num_used_blocks=self.kv_cache_manager.num_used_blocks,
             prefix_cache_queries=queries,

@@ -20,12 +20,12 @@ from http import HTTPStatus
 from typing import Any
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fastdeploy import envs
@@ -43,6 +43,7 @@ from fastdeploy.entrypoints.openai.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     ErrorResponse,
+    ModelCard,
     TokenizeRequest,
     TokenizeResponse,
 )
@@ -163,6 +164,16 @@ def api_responses(model: type[BaseModel], *, streams: bool = False,
     return {200: ok, **errors, "default": {"model": ErrorResponse, "description": "Server error (error envelope)."}}
 
 
+async def require_json(raw_request: Request) -> None:
+    """A request body must be JSON: another Content-Type is a 400 naming it, as vLLM answers."""
+    media_type = raw_request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        raise RequestValidationError(["Unsupported Media Type: Only 'application/json' is allowed"])
+
+
+JSON_BODY = [Depends(require_json)]
+
+
 # ---- routes ----------------------------------------------------------------------------------
 @router.get("/health")
 async def health(raw_request: Request) -> Response:
@@ -196,12 +207,24 @@ async def show_available_models(raw_request: Request) -> Response:
     return to_response(raw_request.app.state.openai_serving_models.show_available_models())
 
 
-@router.post("/tokenize", response_model=None, responses=api_responses(TokenizeResponse, authenticated=False))
+@router.get("/v1/models/{model_name:path}", response_model=None, responses=api_responses(ModelCard))
+async def retrieve_model(model_name: str, raw_request: Request) -> Response:
+    """One served model's card (the OpenAI SDK's ``models.retrieve``); 404 for a name not served."""
+    card = raw_request.app.state.openai_serving_models.model_card(model_name)
+    if card is None:
+        return to_response(error_response(f"The model `{model_name}` does not exist.", "NotFoundError",
+                                          HTTPStatus.NOT_FOUND, param="model"))
+    return to_response(card)
+
+
+@router.post("/tokenize", response_model=None, dependencies=JSON_BODY,
+             responses=api_responses(TokenizeResponse, authenticated=False))
 async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
     return to_response(await raw_request.app.state.openai_serving_tokenization.create_tokenize(request))
 
 
-@router.post("/detokenize", response_model=None, responses=api_responses(DetokenizeResponse, authenticated=False))
+@router.post("/detokenize", response_model=None, dependencies=JSON_BODY,
+             responses=api_responses(DetokenizeResponse, authenticated=False))
 async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Response:
     return to_response(await raw_request.app.state.openai_serving_tokenization.create_detokenize(request))
 
@@ -211,14 +234,15 @@ async def tokenizer_info(raw_request: Request) -> JSONResponse:
     return JSONResponse(raw_request.app.state.openai_serving_tokenization.tokenizer_info())
 
 
-@router.post("/v1/completions", response_model=None, responses=api_responses(CompletionResponse, streams=True))
+@router.post("/v1/completions", response_model=None, dependencies=JSON_BODY,
+             responses=api_responses(CompletionResponse, streams=True))
 @load_tracked
 @with_cancellation
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
     return to_response(await raw_request.app.state.openai_serving_completion.create_completion(request, raw_request))
 
 
-@router.post("/v1/chat/completions", response_model=None,
+@router.post("/v1/chat/completions", response_model=None, dependencies=JSON_BODY,
              responses=api_responses(ChatCompletionResponse, streams=True))
 @load_tracked
 @with_cancellation
@@ -227,24 +251,102 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
     return to_response(await serving.create_chat_completion(request, raw_request))
 
 
+# vLLM's SageMaker-style route: the body is validated as each request type in turn and served by the
+# endpoint of the first that accepts it (chat before completion, vLLM's order).
+def _invocation_types() -> tuple[tuple[type[BaseModel], Callable[..., Awaitable[Response]]], ...]:
+    return ((ChatCompletionRequest, create_chat_completion), (CompletionRequest, create_completion))
+
+
+@router.post("/invocations", response_model=None, dependencies=JSON_BODY,
+             responses=api_responses(ChatCompletionResponse, streams=True, authenticated=False))
+async def invocations(raw_request: Request) -> Response:
+    """POST /invocations: a chat completion or a completion, told apart by the body (SageMaker's route)."""
+    try:
+        body = await raw_request.json()
+    except ValueError as e:  # json.JSONDecodeError, or bytes that are not UTF-8
+        return to_response(error_response(f"JSON decode error: {e}"))
+    for request_type, endpoint in _invocation_types():
+        try:
+            request = request_type.model_validate(body)
+        except ValidationError:
+            continue
+        return await endpoint(request, raw_request=raw_request)
+    names = [request_type.__name__ for request_type, _ in _invocation_types()]
+    return to_response(error_response(f"Cannot find suitable handler for request. Expected one of: {names}"))
+
+
 # ---- error handlers --------------------------------------------------------------------------
 _NOT_FIELDS = ("function-", UNION_TAG_PREFIX)
 
+# A malformed body's errors are listed as vLLM lists them, bounded: pydantic repeats the whole
+# offending value in every error, so a big bad body would otherwise come back many times over.
+_MAX_LISTED_ERRORS = 10
+_MAX_ERROR_INPUT_CHARS = 200
+_MAX_ERROR_CHARS = 1000
+
+
+# Segments pydantic puts in ``loc`` for a union member or a wrapper, not fields: a union member's
+# type ("str", "list[int]", "constrained-int"), a validator ("function-wrap[...]"), a schema kind.
+_SCHEMA_KINDS = frozenset({"str", "int", "float", "bool", "bytes", "list", "tuple", "dict", "set", "none",
+                           "constrained-int", "constrained-str", "json-or-python", "lax-or-strict", "chain",
+                           "nullable", "tagged-union", "union", "default", "is-instance"})
+
+
+def _is_field(segment: Any) -> bool:
+    text = str(segment)
+    return not (text.startswith(_NOT_FIELDS) or text in _SCHEMA_KINDS or any(c in text for c in "[](){}"))
+
+
+def _field_path(loc: Any) -> list[str]:
+    """The field names and indexes of a pydantic ``loc``, without union members and validator names."""
+    return [str(p) for p in loc or () if _is_field(p)]
+
+
+def _bounded(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "...[truncated]"
+
+
+def _error_line(err: Any) -> str:
+    """One validation error in vLLM's wording: pydantic's error dict with the field path as a dotted
+    ``loc`` ('body.seed') and a container ``input`` described by its size rather than echoed."""
+    if isinstance(err, dict):
+        err = dict(err)
+        if "loc" in err:
+            err["loc"] = ".".join(_field_path(err["loc"]))
+        if "input" in err:
+            value = err["input"]
+            if isinstance(value, (list, tuple, dict, set, frozenset)):
+                err["input"] = f"<{type(value).__name__} of {len(value)} items>"
+            elif not isinstance(value, str):
+                err["input"] = _bounded(str(value), _MAX_ERROR_INPUT_CHARS)
+            else:
+                err["input"] = _bounded(value, _MAX_ERROR_INPUT_CHARS)
+    return _bounded(str(err), _MAX_ERROR_CHARS)
+
+
 async def validation_exception_handler(_: Request, exc: RequestValidationError) -> Response:
-    """A malformed body is a 400 BadRequestError (never FastAPI's 422), naming the parameter."""
-    messages = []
+    """A malformed body is a 400 BadRequestError (never FastAPI's 422), naming the parameter.
+
+    A check of ours names its parameter and says what is wrong in vLLM's words; anything else
+    pydantic found is listed as vLLM lists it: "1 validation error:" then one line per error
+    (e.g. {'type': 'less_than_equal', 'loc': 'body.seed', 'msg': 'Input should be ...', ...}).
+    """
+    errors = exc.errors()
     param = None
-    for err in exc.errors():
-        cause = (err.get("ctx") or {}).get("error")
+    for err in errors:
+        cause = (err.get("ctx") or {}).get("error") if isinstance(err, dict) else None
         if isinstance(cause, ParamValidationError):
             return to_response(error_response(str(cause), param=cause.parameter))
-        # Union bodies (/tokenize) put the member's tag or validator name ("function-wrap[...]") in loc.
-        loc = [str(p) for p in err.get("loc", ()) if p != "body" and not str(p).startswith(_NOT_FIELDS)]
-        if param is None and loc:
-            param = loc[0]
-        msg = str(err.get("msg", "")).removeprefix("Value error, ")
-        messages.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
-    return to_response(error_response("; ".join(messages) or "Invalid request.", param=param))
+        fields = [p for p in _field_path(err.get("loc")) if p != "body"] if isinstance(err, dict) else []
+        if param is None and fields:
+            param = fields[0]
+    if not errors:
+        return to_response(error_response("Validation error", param=param))
+    label = "error" if len(errors) == 1 else "errors"
+    lines = [f"  {_error_line(err)}" for err in errors[:_MAX_LISTED_ERRORS]]
+    if len(errors) > _MAX_LISTED_ERRORS:
+        lines.append(f"  ...and {len(errors) - _MAX_LISTED_ERRORS} more {label}")
+    return to_response(error_response("\n".join([f"{len(errors)} validation {label}:", *lines]), param=param))
 
 
 async def http_exception_handler(_: Request, exc: StarletteHTTPException) -> Response:
@@ -262,18 +364,28 @@ async def generic_exception_handler(_: Request, exc: Exception) -> Response:
 
 # ---- middleware (pure ASGI, so streaming and disconnect detection are untouched) -------------
 class AuthenticationMiddleware:
-    """``Authorization: Bearer <key>`` on /v1 routes when an API key is set; else 401."""
+    """``Authorization: Bearer <key>`` on /v1 routes when an API key is set; else 401.
+
+    The scheme is case-insensitive (RFC 9110 section 11.1; vLLM compares it so too): ``bearer KEY``
+    is accepted. The key itself is compared exactly, in constant time.
+    """
 
     def __init__(self, app: Any, api_keys: list[str]) -> None:
         self.app = app
-        self.api_keys = [f"Bearer {key}".encode() for key in api_keys]
+        self.api_keys = [key.encode() for key in api_keys]
+
+    def authorized(self, header: bytes) -> bool:
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        # Every key is compared, so the time taken does not tell which one matched.
+        return any([hmac.compare_digest(token, key) for key in self.api_keys])
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] != "OPTIONS":
             path = scope["path"].removeprefix(scope.get("root_path", ""))
             if path.startswith("/v1"):
-                given = dict(scope["headers"]).get(b"authorization", b"")
-                if not any(hmac.compare_digest(given, key) for key in self.api_keys):
+                if not self.authorized(dict(scope["headers"]).get(b"authorization", b"")):
                     response = to_response(error_response("Unauthorized", "AuthenticationError",
                                                           HTTPStatus.UNAUTHORIZED))
                     await response(scope, receive, send)
@@ -331,7 +443,10 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     """The FastAPI app with every route, error handler and middleware."""
     docs = not args.disable_fastapi_docs
     app = FastAPI(openapi_url="/openapi.json" if docs else None, docs_url="/docs" if docs else None,
-                  redoc_url="/redoc" if docs else None, root_path=args.root_path or "")
+                  redoc_url="/redoc" if docs else None)
+    # --root-path: the prefix a path-based proxy serves the app under (vLLM's flag); requests answer
+    # with and without it. Set on the app (FastAPI deprecates the constructor argument).
+    app.root_path = args.root_path or ""
     app.include_router(router)
     if args.enable_tokenizer_info_endpoint:
         app.add_api_route("/tokenizer_info", tokenizer_info, methods=["GET"])
@@ -353,12 +468,13 @@ def init_app_state(engine: AsyncLLM, state: Any, args: argparse.Namespace) -> No
     """Attach the engine and the endpoint handlers to ``app.state``."""
     model_config = engine.model_config
     names = args.served_model_name or model_config.served_model_name or [args.model]
-    models = OpenAIServingModels([BaseModelPath(name, model_config.model_path) for name in names],
-                                 model_config.max_model_len)
+    # The cards' root is the model as the user named it (vLLM's), not the folder it resolved to.
+    models = OpenAIServingModels([BaseModelPath(name, args.model) for name in names], model_config.max_model_len)
     chat_template = load_chat_template(args.chat_template)
     common = dict(return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                   enable_prompt_tokens_details=args.enable_prompt_tokens_details,
-                  enable_force_include_usage=args.enable_force_include_usage)
+                  enable_force_include_usage=args.enable_force_include_usage,
+                  enable_per_request_metrics=args.enable_per_request_metrics)
     state.engine_client = engine
     state.openai_serving_models = models
     state.openai_serving_completion = OpenAIServingCompletion(engine, models, **common)

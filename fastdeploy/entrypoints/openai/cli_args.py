@@ -85,6 +85,9 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
                    help="Accepted for vLLM compatibility; /load always reports in-flight requests.")
     g.add_argument("--enable-force-include-usage", action="store_true",
                    help="Usage on every streamed chunk and a final usage chunk, whatever stream_options say.")
+    g.add_argument("--enable-per-request-metrics", action=argparse.BooleanOptionalAction, default=False,
+                   help="Add the request's timings (queue, time to first token, generation, mean ITL, tokens/s) "
+                        "to responses as 'metrics' (one prompt, n = 1; streams: on the final usage chunk).")
     g.add_argument("--enable-tokenizer-info-endpoint", action="store_true", help="Serve GET /tokenizer_info.")
     return parser
 
@@ -108,6 +111,10 @@ def validate_parsed_serve_args(args: argparse.Namespace) -> None:
         raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
     # Unknown parser names fail here, before the model loads.
     ChatParserConfig.from_names(args.tool_call_parser, args.reasoning_parser, args.enable_auto_tool_choice)
+    if args.enable_per_request_metrics and args.disable_log_stats:
+        # vLLM's rule and wording: the timings come from the engine's request statistics.
+        raise ValueError("--enable-per-request-metrics requires engine statistics logging; remove "
+                         "--disable-log-stats to enable per-request metrics.")
     if args.metrics_port is not None and args.metrics_port == args.port:
         raise ValueError(f"--metrics-port ({args.metrics_port}) must differ from --port.")
 

@@ -112,6 +112,39 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard] = Field(default_factory=list)
 
 
+class PerRequestTimingMetrics(OpenAIBaseModel):
+    """One request's timings, in a response's ``metrics`` with --enable-per-request-metrics (vLLM's).
+
+    From when the request was first scheduled: queue time before it, time to the first token
+    after it, generation time from the first to the last token, the mean gap between tokens,
+    and output tokens per second over scheduled .. last token (prefill included). A field whose
+    timestamps are missing is null.
+    """
+
+    time_to_first_token_ms: float | None = None
+    generation_time_ms: float | None = None
+    queue_time_ms: float | None = None
+    mean_itl_ms: float | None = None
+    tokens_per_second: float | None = None
+
+    @classmethod
+    def from_timestamps(cls, arrival: float | None, scheduled: float | None, first_token: float | None,
+                        last_token: float | None, num_generation_tokens: int) -> PerRequestTimingMetrics:
+        def ms(start: float | None, end: float | None) -> float | None:
+            return (end - start) * 1000.0 if start and end and end >= start else None
+
+        generation = ms(first_token, last_token)
+        inference = last_token - scheduled if scheduled and last_token and last_token > scheduled else None
+        return cls(
+            time_to_first_token_ms=ms(scheduled, first_token),
+            generation_time_ms=generation,
+            queue_time_ms=ms(arrival, scheduled),
+            mean_itl_ms=generation / (num_generation_tokens - 1) if generation is not None
+            and num_generation_tokens > 1 else None,
+            tokens_per_second=num_generation_tokens / inference if inference else None,
+        )
+
+
 # ---- request pieces ----------------------------------------------------------------------
 class StreamOptions(OpenAIBaseModel):
     """Usage in a stream: a final usage chunk (``include_usage``), and usage on every chunk as well
@@ -369,12 +402,16 @@ class CompletionResponse(ResponseHead):
     system_fingerprint: str | None = None
     usage: UsageInfo
     kv_transfer_params: dict[str, Any] | None = None
+    # --enable-per-request-metrics, for one prompt with n = 1; else null.
+    metrics: PerRequestTimingMetrics | None = None
 
 
 class CompletionStreamResponse(ResponseHead):
     object: str = "text_completion"
     choices: list[CompletionResponseStreamChoice]
     usage: UsageInfo | None = None
+    # --enable-per-request-metrics: on the final usage chunk only.
+    metrics: PerRequestTimingMetrics | None = None
 
 
 # ---- chat --------------------------------------------------------------------------------
@@ -500,6 +537,8 @@ class ChatCompletionResponse(ResponseHead):
     prompt_logprobs: PromptLogprobsField = None
     prompt_token_ids: list[int] | None = None
     kv_transfer_params: dict[str, Any] | None = None
+    # --enable-per-request-metrics, with n = 1; else null.
+    metrics: PerRequestTimingMetrics | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -524,6 +563,8 @@ class ChatCompletionStreamResponse(ResponseHead):
     usage: UsageInfo | None = None
     # On the first (role) chunk only; null there when return_token_ids is not set.
     prompt_token_ids: list[int] | None = None
+    # --enable-per-request-metrics: on the final usage chunk only.
+    metrics: PerRequestTimingMetrics | None = None
 
 
 # ---- tokenizer endpoints -----------------------------------------------------------------
@@ -561,11 +602,10 @@ TokenizeRequest = Annotated[
 
 
 class TokenizeResponse(OpenAIBaseModel):
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"token_strs"})
-
     count: int
     max_model_len: int
     tokens: list[int]
+    # The tokens' strings with return_token_strs, else null (vLLM always sends the key).
     token_strs: list[str] | None = None
 
 

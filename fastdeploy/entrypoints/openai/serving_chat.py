@@ -263,6 +263,7 @@ class OpenAIServingChat(OpenAIServing):
             prompt_logprobs=jsonable_prompt_logprobs(res.prompt_logprobs),
             prompt_token_ids=res.prompt_token_ids if request.return_token_ids else None,
             kv_transfer_params=res.kv_transfer_params,
+            metrics=self.request_metrics(res, num_generated, single=request.n == 1),
         )
 
     def _chunk(self, request_id: str, created: int, choice: ChatCompletionResponseStreamChoice,
@@ -285,8 +286,10 @@ class OpenAIServingChat(OpenAIServing):
         num_prompt = 0
         num_cached = None
         first = True
+        last: RequestOutput | None = None
         try:
             async for res in results:
+                last = res
                 if first:
                     first = False
                     num_prompt, num_cached = len(res.prompt_token_ids or ()), res.num_cached_tokens
@@ -329,7 +332,7 @@ class OpenAIServingChat(OpenAIServing):
                 final = ChatCompletionStreamResponse(
                     id=request_id, created=created, model=self.models.model_name, choices=[],
                     usage=self.usage(num_prompt, sum(num_tokens), num_cached))
-                yield sse_chunk(final)
+                yield sse_chunk(self.with_request_metrics(final, last, sum(num_tokens), single=n == 1))
         except Exception as e:
             yield sse(self.create_streaming_error_response(e))
         yield SSE_DONE

@@ -131,7 +131,10 @@ class OpenAIServingCompletion(OpenAIServing):
 
     # ---- output shaping ---------------------------------------------------------------------
     def _prompt_text(self, prompt: ProcessedPrompt) -> str:
-        return prompt.text if prompt.text else self.tokenizer.decode(prompt.token_ids)
+        if prompt.text:
+            return prompt.text
+        # --skip-tokenizer-init: no text anywhere, the echoed prompt is in its token ids alone.
+        return self.tokenizer.decode(prompt.token_ids) if self.tokenizer is not None else ""
 
     @staticmethod
     def _generated(request: CompletionRequest, output: CompletionOutput) -> _Generated:
@@ -207,7 +210,9 @@ class OpenAIServingCompletion(OpenAIServing):
         kv_params = final[0].kv_transfer_params if len(final) == 1 and final[0] is not None else None
         return CompletionResponse(id=request_id, created=created, model=self.models.model_name, choices=choices,
                                   usage=self.usage(num_prompt, num_generated, num_cached),
-                                  kv_transfer_params=kv_params)
+                                  kv_transfer_params=kv_params,
+                                  metrics=self.request_metrics(final[0], num_generated,
+                                                               single=len(final) == 1 and request.n == 1))
 
     async def _stream(self, request: CompletionRequest, prompts: list[ProcessedPrompt],
                       results: AsyncIterator[tuple[int, RequestOutput]], request_id: str,
@@ -220,8 +225,10 @@ class OpenAIServingCompletion(OpenAIServing):
         include_usage, continuous_usage = self.usage_flags(request)
         num_cached = None
         model = self.models.model_name
+        last: RequestOutput | None = None
         try:
             async for p, res in results:
+                last = res
                 if num_cached is None:
                     num_cached = res.num_cached_tokens
                 for output in res.outputs:
@@ -254,7 +261,8 @@ class OpenAIServingCompletion(OpenAIServing):
             if include_usage:
                 usage = self.usage(sum(len(pr.token_ids) for pr in prompts), sum(num_tokens), num_cached)
                 final = CompletionStreamResponse(id=request_id, created=created, model=model, choices=[], usage=usage)
-                yield sse_chunk(final)
+                yield sse_chunk(self.with_request_metrics(final, last, sum(num_tokens),
+                                                          single=len(prompts) == 1 and n == 1))
         except Exception as e:
             yield sse(self.create_streaming_error_response(e))
         yield SSE_DONE

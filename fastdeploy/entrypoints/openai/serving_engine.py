@@ -22,8 +22,11 @@ from fastdeploy.engine.async_llm import AsyncLLM
 from fastdeploy.engine.exceptions import EngineDeadError, EngineGenerateError
 from fastdeploy.engine.processor import ProcessedPrompt
 from fastdeploy.entrypoints.openai.protocol import (
+    ChatCompletionStreamResponse,
+    CompletionStreamResponse,
     ErrorInfo,
     ErrorResponse,
+    PerRequestTimingMetrics,
     PromptTokenUsageInfo,
     SamplingRequest,
     UsageInfo,
@@ -32,6 +35,7 @@ from fastdeploy.entrypoints.openai.protocol import (
 from fastdeploy.entrypoints.openai.serving_models import OpenAIServingModels
 from fastdeploy.logger import init_logger
 from fastdeploy.logprobs import Logprob
+from fastdeploy.outputs import RequestOutput
 from fastdeploy.sampling_params import ParamValidationError, StructuredOutputsParams
 
 logger = init_logger(__name__)
@@ -67,6 +71,7 @@ def sse_chunk(chunk: BaseModel) -> str:
 SSE_DONE = sse("[DONE]")
 
 T = TypeVar("T")
+StreamT = TypeVar("StreamT", CompletionStreamResponse, ChatCompletionStreamResponse)
 
 # What request data makes the preparation steps raise (chat templates indexing an empty or
 # odd conversation, a client's own chat_template, tokenizers given the wrong types, malformed
@@ -122,7 +127,8 @@ class OpenAIServing:
     request_id_prefix = ""
 
     def __init__(self, engine: AsyncLLM, models: OpenAIServingModels, *, return_tokens_as_token_ids: bool = False,
-                 enable_prompt_tokens_details: bool = False, enable_force_include_usage: bool = False) -> None:
+                 enable_prompt_tokens_details: bool = False, enable_force_include_usage: bool = False,
+                 enable_per_request_metrics: bool = False) -> None:
         self.engine = engine
         self.models = models
         self.model_config = engine.model_config
@@ -132,6 +138,7 @@ class OpenAIServing:
         self.return_tokens_as_token_ids = return_tokens_as_token_ids
         self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.enable_force_include_usage = enable_force_include_usage
+        self.enable_per_request_metrics = enable_per_request_metrics
         # Sampling defaults from the model's generation_config.json (vLLM's behaviour).
         self.default_sampling_params = engine.processor.default_sampling_params()
 
@@ -225,6 +232,25 @@ class OpenAIServing:
         if self.enable_prompt_tokens_details and num_cached is not None:
             usage.prompt_tokens_details = PromptTokenUsageInfo(cached_tokens=num_cached)
         return usage
+
+    def request_metrics(self, res: RequestOutput | None, num_generated: int,
+                        single: bool) -> PerRequestTimingMetrics | None:
+        """--enable-per-request-metrics: the timings of ``res``, when the response is one sequence
+        (``single``: one prompt, n = 1; the timings would not belong to the request otherwise)."""
+        if not self.enable_per_request_metrics or not single or res is None or res.metrics is None:
+            return None
+        m = res.metrics
+        return PerRequestTimingMetrics.from_timestamps(m.arrival_time, m.first_scheduled_time, m.first_token_time,
+                                                       m.last_token_time, num_generated)
+
+    def with_request_metrics(self, chunk: StreamT, res: RequestOutput | None, num_generated: int,
+                             single: bool) -> StreamT:
+        """A stream's final usage chunk, with the request's timings when there are (else the field stays
+        unset, so the chunk does not carry it: vLLM sends metrics on that chunk only)."""
+        metrics = self.request_metrics(res, num_generated, single)
+        if metrics is not None:
+            chunk.metrics = metrics
+        return chunk
 
     def usage_flags(self, request: SamplingRequest) -> tuple[bool, bool]:
         """(final usage chunk, usage on every chunk) of a stream, as vLLM decides them.

@@ -12,6 +12,7 @@ class BaseModelPath:
     """A name the model is served under, and where it was loaded from."""
 
     name: str
+    # What the user passed as the model (a name or a path), reported as the card's ``root``, as in vLLM.
     model_path: str
 
 
@@ -30,11 +31,14 @@ class OpenAIServingModels:
         """Whether ``model_name`` is served here; a missing name selects the first one."""
         return not model_name or any(m.name == model_name for m in self.base_model_paths)
 
+    def _card(self, model: BaseModelPath) -> ModelCard:
+        return ModelCard(id=model.name, root=model.model_path, max_model_len=self.max_model_len,
+                         permission=[ModelPermission()])
+
     def show_available_models(self) -> ModelList:
-        return ModelList(
-            data=[
-                ModelCard(id=m.name, root=m.model_path, max_model_len=self.max_model_len,
-                          permission=[ModelPermission()])
-                for m in self.base_model_paths
-            ]
-        )
+        """GET /v1/models: one card per served name."""
+        return ModelList(data=[self._card(m) for m in self.base_model_paths])
+
+    def model_card(self, model_name: str) -> ModelCard | None:
+        """GET /v1/models/{model}: the card of a served name, None when it is not served."""
+        return next((self._card(m) for m in self.base_model_paths if m.name == model_name), None)

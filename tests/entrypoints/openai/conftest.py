@@ -12,9 +12,11 @@ API_KEY = "test-key"
 @pytest.fixture(scope="session")
 def server():
     # The key comes from the environment (FD_API_KEY), exercising that path; --metrics-port adds a port.
+    # --enable-per-request-metrics needs the engine's statistics, so this server keeps them on.
     metrics_port = get_open_port()
-    srv = RemoteOpenAIServer([*DEFAULT_SERVER_ARGS, "--metrics-port", str(metrics_port),
-                              "--enable-tokenizer-info-endpoint", "--enable-prompt-tokens-details"],
+    args = [arg for arg in DEFAULT_SERVER_ARGS if arg != "--disable-log-stats"]
+    srv = RemoteOpenAIServer([*args, "--metrics-port", str(metrics_port), "--enable-tokenizer-info-endpoint",
+                              "--enable-prompt-tokens-details", "--enable-per-request-metrics"],
                              env={"FD_API_KEY": API_KEY}, api_key=API_KEY)
     srv.metrics_port = metrics_port
     engine_pid = srv.engine_pid()

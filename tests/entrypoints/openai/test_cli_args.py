@@ -154,3 +154,38 @@ def test_parser_flags_are_accepted():
 def test_metrics_port_must_differ():
     with pytest.raises(ValueError, match="--metrics-port"):
         validate_parsed_serve_args(parse("--port", "8000", "--metrics-port", "8000"))
+
+
+def test_vllm_observability_and_tokenizer_flags_reach_the_engine():
+    engine_args = AsyncEngineArgs.from_cli_args(parse("--skip-tokenizer-init", "--show-hidden-metrics-for-version",
+                                                      "0.32"))
+    assert engine_args.skip_tokenizer_init
+    config = engine_args.create_engine_config()
+    assert config.model_config.skip_tokenizer_init
+    # 0.32 is the minor version before vLLM 0.33, whose metric set FastDeploy follows.
+    assert config.observability_config.show_hidden_metrics
+    assert not AsyncEngineArgs.from_cli_args(parse("--show-hidden-metrics-for-version", "0.20")
+                                             ).create_engine_config().observability_config.show_hidden_metrics
+    with pytest.raises(ValueError, match="MAJOR.MINOR"):
+        AsyncEngineArgs.from_cli_args(parse("--show-hidden-metrics-for-version", "soon")).create_engine_config()
+
+
+def test_watermarking_is_refused_by_name():
+    engine_args = AsyncEngineArgs.from_cli_args(parse("--watermark-config", '{"algorithm": "gumbel", "key": 42}'))
+    with pytest.raises(ValueError, match="--watermark-config"):
+        engine_args.create_engine_config()
+
+
+def test_per_request_metrics_need_the_engine_statistics():
+    assert parse("--enable-per-request-metrics").enable_per_request_metrics
+    assert not parse("--no-enable-per-request-metrics").enable_per_request_metrics
+    validate_parsed_serve_args(parse("--enable-per-request-metrics"))
+    with pytest.raises(ValueError, match="remove --disable-log-stats"):
+        validate_parsed_serve_args(parse("--enable-per-request-metrics", "--disable-log-stats"))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "half", "fp16"])
+def test_float16_is_refused_naming_the_dtypes_that_run(dtype):
+    engine_args = AsyncEngineArgs.from_cli_args(parse("--dtype", dtype))
+    with pytest.raises(ValueError, match="no float16 kernels.*--dtype auto, bfloat16 or float32"):
+        engine_args.create_engine_config()

@@ -173,3 +173,25 @@ def test_sdk_raises_typed_errors(client):
 def test_server_still_answers(client):
     completion = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=2)
     assert completion.usage.completion_tokens == 2
+
+
+def test_api_key_scheme_is_case_insensitive(server):
+    """``bearer KEY`` is the same credential as ``Bearer KEY`` (RFC 9110; vLLM accepts it); another
+    scheme, or the right scheme with a wrong key, is still refused."""
+    url = server.url_for("v1", "models")
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        assert httpx.get(url, headers={"Authorization": f"{scheme} {server.api_key}"}).status_code == 200
+    assert httpx.get(url, headers={"Authorization": f"Basic {server.api_key}"}).status_code == 401
+    assert httpx.get(url, headers={"Authorization": f"bearer {server.api_key}x"}).status_code == 401
+    assert httpx.get(url, headers={"Authorization": server.api_key}).status_code == 401
+
+
+def test_validation_errors_are_worded_as_vllm_words_them(client):
+    """A value pydantic rejects is listed as vLLM lists it: the error type, the body path, the message."""
+    for seed, kind in ((2**63, "less_than_equal"), (-(2**63) - 1, "greater_than_equal")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, seed=seed)
+        message = info.value.body["message"]
+        assert message.startswith("1 validation error:\n  {")
+        assert f"'type': '{kind}'" in message and "'loc': 'body.seed'" in message
+        assert info.value.body["param"] == "seed"

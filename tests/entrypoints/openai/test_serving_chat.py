@@ -51,17 +51,21 @@ def _serving(cls, **flags):
     serving.return_tokens_as_token_ids = False
     serving.enable_prompt_tokens_details = False
     serving.enable_force_include_usage = flags.get("force_usage", False)
+    serving.enable_per_request_metrics = flags.get("per_request_metrics", False)
     serving.token_strings = lambda ids: [f"<{i}>" for i in ids]
     return serving
 
 
 async def _outputs(steps, prompt_token_ids):
-    from fastdeploy.outputs import CompletionOutput, RequestOutput
+    from fastdeploy.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
     for i, (text, finish) in enumerate(steps):
+        # Queued at 100 s, scheduled 0.5 s later, first token at 101 s, one token a second after.
+        metrics = RequestMetrics(arrival_time=100.0, first_scheduled_time=100.5, first_token_time=101.0,
+                                 last_token_time=101.0 + i)
         yield RequestOutput("r", None, prompt_token_ids, None, [
             CompletionOutput(index=0, text=text, token_ids=[10 + i], cumulative_logprob=None, logprobs=None,
-                             finish_reason=finish, stop_reason=None)], finish is not None)
+                             finish_reason=finish, stop_reason=None)], finish is not None, metrics=metrics)
 
 
 async def _chat_chunks(serving, body):
@@ -107,3 +111,17 @@ async def test_chat_chunks_carry_vllm_fields():
     assert role["prompt_token_ids"] is None and first["choices"][0]["token_ids"] is None
     chunks = await _chat_chunks(serving, {"stream_options": {"include_usage": False, "continuous_usage_stats": True}})
     assert all("usage" not in c for c in chunks)
+
+
+@pytest.mark.anyio
+async def test_per_request_metrics_ride_on_the_final_usage_chunk_only():
+    """--enable-per-request-metrics (vLLM's): the timings on the stream's usage chunk; unset elsewhere."""
+    from fastdeploy.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    usage = {"stream_options": {"include_usage": True}}
+    chunks = await _chat_chunks(_serving(OpenAIServingChat, per_request_metrics=True), usage)
+    assert ["metrics" in c for c in chunks] == [False, False, False, True]
+    assert chunks[-1]["metrics"] == {"time_to_first_token_ms": 500.0, "generation_time_ms": 1000.0,
+                                     "queue_time_ms": 500.0, "mean_itl_ms": 1000.0, "tokens_per_second": 2 / 1.5}
+    chunks = await _chat_chunks(_serving(OpenAIServingChat), usage)
+    assert not any("metrics" in c for c in chunks)

@@ -51,3 +51,11 @@ async def test_echo_with_return_token_ids_gives_the_prompt_as_ids_not_text():
     first, last = await _completion_chunks(serving, {"echo": True, "return_token_ids": True})
     assert first["choices"][0]["text"] == "a" and first["choices"][0]["prompt_token_ids"] == [1, 2, 3]
     assert last["choices"][0]["text"] == "b"
+
+
+def test_echo_without_a_tokenizer_is_the_prompt_token_ids_alone():
+    """--skip-tokenizer-init: an echoed token-id prompt has no text (it was a 500 'NoneType ... decode')."""
+    serving = OpenAIServingCompletion.__new__(OpenAIServingCompletion)
+    serving.tokenizer = None
+    assert serving._prompt_text(ProcessedPrompt(text=None, token_ids=[1, 2, 3])) == ""
+    assert serving._prompt_text(ProcessedPrompt(text="Hi", token_ids=[1])) == "Hi"
