@@ -483,8 +483,6 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class ChatMessage(OpenAIBaseModel):
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset({"tool_calls"})
-
     role: str
     content: str | None = None
     # OpenAI's fields this server never fills, null as in vLLM.
@@ -495,6 +493,7 @@ class ChatMessage(OpenAIBaseModel):
     reasoning: str | None = None
     # Older clients read reasoning_content (vLLM's former name).
     reasoning_content: str | None = None
+    # Sent as [] when there are none, as vLLM does (clients compare the message's keys).
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 

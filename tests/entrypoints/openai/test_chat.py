@@ -113,6 +113,15 @@ def test_chat_prompt_logprobs_and_null_fields(client):
     assert plain.prompt_logprobs is None and plain.prompt_token_ids is None and plain.choices[0].token_ids is None
 
 
+def test_chat_message_keys_are_vllms(server):
+    """The message carries vLLM's keys, tool_calls as [] when none were called."""
+    r = httpx.post(server.url_for("v1", "chat", "completions"), headers=server.headers,
+                   json={"model": MODEL_NAME, "messages": QUESTION, "max_tokens": 1})
+    message = r.json()["choices"][0]["message"]
+    assert message["tool_calls"] == []
+    assert {"refusal", "annotations", "audio", "function_call", "reasoning"} <= set(message)
+
+
 def test_chat_stream_return_token_ids(client):
     kwargs = dict(model=MODEL_NAME, messages=QUESTION, max_tokens=5, temperature=0,
                   extra_body={"return_token_ids": True})
