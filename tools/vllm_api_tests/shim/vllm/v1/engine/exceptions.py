@@ -1,0 +1,2 @@
+class EngineDeadError(Exception):
+    """Placeholder of vLLM's exception (only constructed by vLLM-internal tests)."""
