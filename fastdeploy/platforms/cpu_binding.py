@@ -18,6 +18,8 @@ pinned to its own cores and the API process to the others.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fastdeploy import envs
@@ -81,3 +83,89 @@ def bind_process(cores: frozenset[int], role: str) -> None:
         except (ProcessLookupError, PermissionError):  # a thread that just ended
             continue
     logger.info("%s process bound to CPU cores %s.", role, ",".join(map(str, sorted(cores))))
+
+
+# System-wide CPU pressure (PSI): the "some" line's total is the microseconds during which at least
+# one runnable task waited for a core.
+CPU_PRESSURE_PATH = "/proc/pressure/cpu"
+
+
+def read_cpu_stall_us(path: str = CPU_PRESSURE_PATH) -> int | None:
+    """The PSI "some" stall total in microseconds, or None where the kernel does not report it."""
+    try:
+        with open(path) as f:
+            line = f.readline()
+        return int(line.rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class WideSteps:
+    """A long step (a prefill) computes on every core while the CPU is otherwise free; the rest stay narrow.
+
+    The engine is pinned to its own cores so that the API process's wake-ups never stall a
+    decode step. Through a prefill, though (lm-eval's loglikelihood requests are nothing else),
+    the core the API process keeps is mostly idle: a step of at least ``min_tokens`` tokens then
+    runs with the kernels' OpenMP team widened to every core, and the next short step narrows it
+    back. What the step may take is decided from the CPU pressure (PSI) since the last long step:
+    when tasks waited for a core more than ``max_stall`` of that time (other processes, or the API
+    process and the widened team sharing a core), the steps stay narrow for ``backoff_s``. A
+    widened team on a core someone else is using runs at the speed of its slowest thread, no
+    faster than a narrow one.
+
+    Only the engine's main thread changes affinity (OpenMP threads it starts while wide inherit
+    every core and sleep when unused), and only the kernels' runtime changes size: Paddle's own
+    (libiomp5) keeps its thread count, so its 200 ms spin-wait never competes with the kernels'
+    threads (two spinning runtimes made a two-thread prefill slower than a one-thread one), and
+    the OpenMP wait policy is left alone. Every kernel computes the same values with any thread
+    count (oneDNN's matmul primitives are kept per thread count; the others split rows).
+    """
+
+    def __init__(self, binding: CpuBinding, narrow_threads: int, min_tokens: int,
+                 set_threads: Callable[[int], None], *, max_stall: float = 0.2, backoff_s: float = 2.0,
+                 pressure_path: str = CPU_PRESSURE_PATH, clock: Callable[[], float] = time.monotonic) -> None:
+        self.narrow_cores, self.narrow_threads = binding.engine, narrow_threads
+        self.wide_cores = binding.engine | binding.api
+        self.min_tokens, self.max_stall, self.backoff_s = min_tokens, max_stall, backoff_s
+        self._set_threads, self._pressure_path, self._clock = set_threads, pressure_path, clock
+        self.wide = False
+        self.num_wide_steps = 0
+        self._since, self._stall_us = clock(), read_cpu_stall_us(pressure_path)
+        self._narrow_until = 0.0
+
+    @classmethod
+    def create(cls, binding: CpuBinding | None, min_tokens: int) -> WideSteps | None:
+        """For an engine process pinned by ``binding``, or None when there is nothing to widen to or no way to."""
+        if binding is None or not binding.api or min_tokens <= 0:
+            return None
+        if read_cpu_stall_us() is None:
+            logger.info("Prefill steps stay on the engine's cores: the kernel reports no CPU pressure (%s).",
+                        CPU_PRESSURE_PATH)
+            return None
+        from fastdeploy import _C
+
+        control = _C.omp_thread_control()
+        if control is None:
+            return None
+        get_threads, set_threads = control
+        return cls(binding, get_threads(), min_tokens, set_threads)
+
+    def for_step(self, num_tokens: int) -> None:
+        """Widen or narrow before a step of ``num_tokens`` tokens (only a change costs syscalls)."""
+        wide = num_tokens >= self.min_tokens and self._cpu_free()
+        self.num_wide_steps += wide
+        if wide == self.wide:
+            return
+        os.sched_setaffinity(0, self.wide_cores if wide else self.narrow_cores)  # this thread only
+        self._set_threads(len(self.wide_cores) if wide else self.narrow_threads)
+        self.wide = wide
+
+    def _cpu_free(self) -> bool:
+        now, stall_us = self._clock(), read_cpu_stall_us(self._pressure_path)
+        if stall_us is None or self._stall_us is None:
+            return False
+        waited = (stall_us - self._stall_us) / 1e6 > self.max_stall * (now - self._since)
+        self._since, self._stall_us = now, stall_us
+        if waited:
+            self._narrow_until = now + self.backoff_s
+        return now >= self._narrow_until
