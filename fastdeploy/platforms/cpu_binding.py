@@ -148,7 +148,10 @@ class WideSteps:
         if control is None:
             return None
         get_threads, set_threads = control
-        return cls(binding, get_threads(), min_tokens, set_threads)
+        steps = cls(binding, get_threads(), min_tokens, set_threads)
+        logger.info("Steps of %d tokens or more compute on CPU cores %s while the CPU is otherwise free.", min_tokens,
+                    ",".join(map(str, sorted(steps.wide_cores))))
+        return steps
 
     def for_step(self, num_tokens: int) -> None:
         """Widen or narrow before a step of ``num_tokens`` tokens (only a change costs syscalls)."""
