@@ -37,6 +37,7 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -287,23 +288,34 @@ def load() -> frozenset[str]:
     return names
 
 
-def omp_thread_control() -> tuple[Callable[[], int], Callable[[int], None]] | None:
-    """Get / set the thread count of the OpenMP runtime the kernels and oneDNN run on (None without kernels).
+@dataclass(frozen=True)
+class OmpControl:
+    """The OpenMP runtime the kernels and oneDNN run on, as the calling thread sets up its next teams.
 
-    The setting is the calling thread's: it sizes the parallel regions that thread starts next.
+    ``get_blocktime`` answers -1 where the runtime (libgomp) has no blocktime; setting it then does nothing.
     """
+
+    get_threads: Callable[[], int]
+    set_threads: Callable[[int], None]
+    get_blocktime: Callable[[], int]
+    set_blocktime: Callable[[int], None]
+
+
+def omp_thread_control() -> OmpControl | None:
+    """The kernels' OpenMP thread count and blocktime controls, or None without the kernels."""
     if not load():
         return None
     so = ensure_built()
     try:
         lib = ctypes.CDLL(str(so))
-        get_threads, set_threads = lib.fd_omp_get_max_threads, lib.fd_omp_set_num_threads
+        functions = [getattr(lib, f"fd_omp_{name}") for name in
+                     ("get_max_threads", "set_num_threads", "get_blocktime", "set_blocktime")]
     except (OSError, AttributeError) as e:
         logger.warning("C++ kernels at %s lack their thread control: %s", so, e)
         return None
-    get_threads.argtypes, get_threads.restype = [], ctypes.c_int
-    set_threads.argtypes, set_threads.restype = [ctypes.c_int], None
-    return get_threads, set_threads
+    for f, getter in zip(functions, (True, False, True, False), strict=True):
+        f.argtypes, f.restype = ([], ctypes.c_int) if getter else ([ctypes.c_int], None)
+    return OmpControl(*functions)
 
 
 def main(argv: list[str] | None = None) -> int:

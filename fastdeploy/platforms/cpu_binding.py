@@ -21,9 +21,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastdeploy import envs
 from fastdeploy.logger import init_logger
+
+if TYPE_CHECKING:
+    from fastdeploy._C import OmpControl
 
 logger = init_logger(__name__)
 
@@ -100,6 +104,11 @@ def read_cpu_stall_us(path: str = CPU_PRESSURE_PATH) -> int | None:
         return None
 
 
+# Milliseconds the workers of a wide step's team spin between parallel regions before they sleep:
+# longer than the gaps between a step's kernels, far shorter than the time to the next long step.
+WIDE_BLOCKTIME_MS = 2
+
+
 class WideSteps:
     """A long step (a prefill) computes on every core while the CPU is otherwise free; the rest stay narrow.
 
@@ -121,13 +130,14 @@ class WideSteps:
     count (oneDNN's matmul primitives are kept per thread count; the others split rows).
     """
 
-    def __init__(self, binding: CpuBinding, narrow_threads: int, min_tokens: int,
-                 set_threads: Callable[[int], None], *, max_stall: float = 0.2, backoff_s: float = 2.0,
-                 pressure_path: str = CPU_PRESSURE_PATH, clock: Callable[[], float] = time.monotonic) -> None:
-        self.narrow_cores, self.narrow_threads = binding.engine, narrow_threads
+    def __init__(self, binding: CpuBinding, min_tokens: int, omp: OmpControl, *, max_stall: float = 0.2,
+                 backoff_s: float = 2.0, pressure_path: str = CPU_PRESSURE_PATH,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.narrow_cores, self.narrow_threads = binding.engine, omp.get_threads()
+        self.narrow_blocktime = omp.get_blocktime()
         self.wide_cores = binding.engine | binding.api
         self.min_tokens, self.max_stall, self.backoff_s = min_tokens, max_stall, backoff_s
-        self._set_threads, self._pressure_path, self._clock = set_threads, pressure_path, clock
+        self._omp, self._pressure_path, self._clock = omp, pressure_path, clock
         self.wide = False
         self.num_wide_steps = 0
         self._since, self._stall_us = clock(), read_cpu_stall_us(pressure_path)
@@ -144,11 +154,10 @@ class WideSteps:
             return None
         from fastdeploy import _C
 
-        control = _C.omp_thread_control()
-        if control is None:
+        omp = _C.omp_thread_control()
+        if omp is None:
             return None
-        get_threads, set_threads = control
-        steps = cls(binding, get_threads(), min_tokens, set_threads)
+        steps = cls(binding, min_tokens, omp)
         logger.info("Steps of %d tokens or more compute on CPU cores %s while the CPU is otherwise free.", min_tokens,
                     ",".join(map(str, sorted(steps.wide_cores))))
         return steps
@@ -160,7 +169,14 @@ class WideSteps:
         if wide == self.wide:
             return
         os.sched_setaffinity(0, self.wide_cores if wide else self.narrow_cores)  # this thread only
-        self._set_threads(len(self.wide_cores) if wide else self.narrow_threads)
+        if wide:
+            # The wide team's workers sleep soon after the step instead of spinning (KMP_BLOCKTIME,
+            # 200 ms by default) on the cores the API process keeps; narrow teams keep the default.
+            self._omp.set_blocktime(WIDE_BLOCKTIME_MS)
+            self._omp.set_threads(len(self.wide_cores))
+        else:
+            self._omp.set_threads(self.narrow_threads)
+            self._omp.set_blocktime(self.narrow_blocktime)
         self.wide = wide
 
     def _cpu_free(self) -> bool:

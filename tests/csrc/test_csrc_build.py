@@ -82,7 +82,7 @@ def test_the_kernels_and_onednn_share_one_openmp_runtime():
     code = (
         "import os, paddle\n"
         "from fastdeploy import _C, _custom_ops as ops\n"
-        "get_threads, set_threads = _C.omp_thread_control()\n"
+        "control = _C.omp_thread_control(); get_threads, set_threads = control.get_threads, control.set_threads\n"
         "tasks = lambda: len(os.listdir('/proc/self/task'))\n"
         "x, w = paddle.randn([256, 512]), paddle.randn([512, 2048])\n"
         "packed = ops.linear_pack(w, 'float32')\n"
@@ -90,8 +90,10 @@ def test_the_kernels_and_onednn_share_one_openmp_runtime():
         "before = tasks(); set_threads(2)\n"
         "ops.linear(x, packed, None, 2048, 'float32'); after_linear = tasks()\n"
         "ops.rms_norm(x, paddle.ones([512]), 1e-6); after_norm = tasks()\n"
-        "print(get_threads(), after_linear - before, after_norm - before)\n"
+        "bt = control.get_blocktime(); control.set_blocktime(3)\n"
+        "print(get_threads(), after_linear - before, after_norm - before, bt, control.get_blocktime())\n"
     )
-    out = _python(code, OMP_NUM_THREADS="1")
+    out = _python(code, OMP_NUM_THREADS="1", KMP_BLOCKTIME="150")
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split()[-3:] == ["2", "1", "1"]
+    # Paddle's libiomp5 has a blocktime (KMP_BLOCKTIME), settable per team.
+    assert out.stdout.split()[-5:] == ["2", "1", "1", "150", "3"]

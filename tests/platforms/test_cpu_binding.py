@@ -86,7 +86,8 @@ class _Clock:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_long_steps_widen_to_every_core_while_the_cpu_is_free(tmp_path):
-    from fastdeploy.platforms.cpu_binding import CpuBinding, WideSteps, bind_process
+    from fastdeploy._C import OmpControl
+    from fastdeploy.platforms.cpu_binding import WIDE_BLOCKTIME_MS, CpuBinding, WideSteps, bind_process
 
     before = os.sched_getaffinity(0)
     api_core, engine_core = sorted(before)[:2]
@@ -98,8 +99,10 @@ def test_long_steps_widen_to_every_core_while_the_cpu_is_free(tmp_path):
 
     stall(0)
     threads: list[int] = []
+    blocktimes: list[int] = []
     clock = _Clock()
-    steps = WideSteps(CpuBinding(frozenset({engine_core}), frozenset({api_core})), 1, 128, threads.append,
+    omp = OmpControl(lambda: 1, threads.append, lambda: 200, blocktimes.append)
+    steps = WideSteps(CpuBinding(frozenset({engine_core}), frozenset({api_core})), 128, omp,
                       pressure_path=str(pressure), clock=clock)
     bind_process(frozenset({engine_core}), None)
     try:
@@ -110,6 +113,7 @@ def test_long_steps_widen_to_every_core_while_the_cpu_is_free(tmp_path):
         assert steps.wide and threads == [2] and os.sched_getaffinity(0) == {api_core, engine_core}
         steps.for_step(1)
         assert not steps.wide and threads == [2, 1] and os.sched_getaffinity(0) == {engine_core}
+        assert blocktimes == [WIDE_BLOCKTIME_MS, 200]  # a wide team's workers sleep soon; narrow: as before
         clock.now += 1.0
         stall(500_000)  # tasks waited for a core half of the last second: stay narrow...
         steps.for_step(600)
