@@ -178,13 +178,17 @@ class WideSteps:
             self._omp.set_threads(self.narrow_threads)
             self._omp.set_blocktime(self.narrow_blocktime)
         self.wide = wide
+        logger.debug("Step of %d tokens: %s.", num_tokens, "wide" if wide else "narrow")
 
     def _cpu_free(self) -> bool:
         now, stall_us = self._clock(), read_cpu_stall_us(self._pressure_path)
         if stall_us is None or self._stall_us is None:
             return False
         waited = (stall_us - self._stall_us) / 1e6 > self.max_stall * (now - self._since)
-        self._since, self._stall_us = now, stall_us
         if waited:
             self._narrow_until = now + self.backoff_s
+            logger.debug("Tasks waited for a CPU %.0f%% of the last %.2f s: steps stay narrow for %.1f s.",
+                         100 * (stall_us - self._stall_us) / 1e6 / max(now - self._since, 1e-9), now - self._since,
+                         self.backoff_s)
+        self._since, self._stall_us = now, stall_us
         return now >= self._narrow_until
