@@ -123,11 +123,12 @@ class WideSteps:
     faster than a narrow one.
 
     Only the engine's main thread changes affinity (OpenMP threads it starts while wide inherit
-    every core and sleep when unused), and only the kernels' runtime changes size: Paddle's own
-    (libiomp5) keeps its thread count, so its 200 ms spin-wait never competes with the kernels'
-    threads (two spinning runtimes made a two-thread prefill slower than a one-thread one), and
-    the OpenMP wait policy is left alone. Every kernel computes the same values with any thread
-    count (oneDNN's matmul primitives are kept per thread count; the others split rows).
+    every core), and its teams change size in the one OpenMP runtime the kernels, oneDNN and
+    Paddle share (_C.py: with two, their pools spun in turn on the same cores and two threads
+    computed a prefill slower than one). The wait policy is left alone: narrow teams keep the
+    runtime's blocktime, and a wide team's workers sleep after ``WIDE_BLOCKTIME_MS``. Every
+    kernel computes the same values with any thread count (oneDNN's matmul primitives are kept
+    per thread count; the others split rows).
     """
 
     def __init__(self, binding: CpuBinding, min_tokens: int, omp: OmpControl, *, max_stall: float = 0.2,
