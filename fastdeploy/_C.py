@@ -22,6 +22,7 @@ against). Without matching headers the other kernels are still built, without
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
 import hashlib
 import importlib.metadata
@@ -35,6 +36,8 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -49,9 +52,23 @@ CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc" / "cpu"
 # The oneDNN kernels need dnnl headers whose version matches Paddle's libdnnl.so.3.
 ONEDNN_SOURCES = ("linear.cc", "decoder_layer.cc")
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-DNDEBUG"]
-# libgomp: the OpenMP runtime Paddle's libdnnl.so.3 uses, so the kernels share its threads.
+# Without Paddle's Intel OpenMP (below), the kernels run on GCC's libgomp.
 LD_FLAGS = ["-fopenmp"]
+# Paddle's libdnnl.so.3 names libgomp, but inside Paddle its OpenMP calls bind to the libiomp5 that
+# Paddle loads first (LD_DEBUG=bindings shows it): linked against libgomp, the kernels had a runtime
+# of their own beside oneDNN's, two pools of threads spin-waiting on the same cores in turn, so
+# that two threads computed a prefill slower than one. GCC's OpenMP code calls the GOMP_* entry
+# points, which libiomp5 implements too: linked against it instead, every kernel, oneDNN and
+# Paddle share one pool.
+IOMP_LIB = "libiomp5.so"
 ONEDNN_LD_FLAGS = ["-l:libdnnl.so.3"]
+
+
+def _link_flags() -> list[str]:
+    """The OpenMP runtime to link: Paddle's libiomp5 where its wheel has one (on the -L path and rpath
+    Paddle's cpp_extension sets), else libgomp."""
+    lib_dir = _paddle_lib_dir()
+    return [f"-l:{IOMP_LIB}"] if lib_dir is not None and (lib_dir / IOMP_LIB).is_file() else LD_FLAGS
 
 
 def _paddle_lib_dir() -> Path | None:
@@ -96,7 +113,6 @@ def _paddle_onednn_version() -> tuple[int, int] | None:
     lib_dir = _paddle_lib_dir()
     if lib_dir is None or not (lib_dir / "libdnnl.so.3").is_file():
         return None
-    import ctypes
 
     class _Version(ctypes.Structure):
         _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int)]
@@ -129,7 +145,7 @@ def _build_plan() -> dict:
         paddle_version = "none"
     for part in (
         json.dumps([str(s.name) for s in sources]),
-        " ".join(CXX_FLAGS + LD_FLAGS),
+        " ".join(CXX_FLAGS + _link_flags()),
         paddle_version,
         platform.python_version(),
         str(onednn_include),
@@ -155,7 +171,7 @@ def _compile(out_dir: str) -> None:
 
     plan = _build_plan()
     include = [plan["onednn_include"]] if plan["onednn_include"] else []
-    ldflags = LD_FLAGS + (ONEDNN_LD_FLAGS if plan["onednn_include"] else [])
+    ldflags = _link_flags() + (ONEDNN_LD_FLAGS if plan["onednn_include"] else [])
     load(
         name=LIB_NAME,
         sources=plan["sources"],
@@ -270,6 +286,36 @@ def load() -> frozenset[str]:
     if missing:
         logger.warning("C++ kernels built without the oneDNN linear (no bf16 matmul): %s", missing)
     return names
+
+
+@dataclass(frozen=True)
+class OmpControl:
+    """The OpenMP runtime the kernels and oneDNN run on, as the calling thread sets up its next teams.
+
+    ``get_blocktime`` answers -1 where the runtime (libgomp) has no blocktime; setting it then does nothing.
+    """
+
+    get_threads: Callable[[], int]
+    set_threads: Callable[[int], None]
+    get_blocktime: Callable[[], int]
+    set_blocktime: Callable[[int], None]
+
+
+def omp_thread_control() -> OmpControl | None:
+    """The kernels' OpenMP thread count and blocktime controls, or None without the kernels."""
+    if not load():
+        return None
+    so = ensure_built()
+    try:
+        lib = ctypes.CDLL(str(so))
+        functions = [getattr(lib, f"fd_omp_{name}") for name in
+                     ("get_max_threads", "set_num_threads", "get_blocktime", "set_blocktime")]
+    except (OSError, AttributeError) as e:
+        logger.warning("C++ kernels at %s lack their thread control: %s", so, e)
+        return None
+    for f, getter in zip(functions, (True, False, True, False), strict=True):
+        f.argtypes, f.restype = ([], ctypes.c_int) if getter else ([ctypes.c_int], None)
+    return OmpControl(*functions)
 
 
 def main(argv: list[str] | None = None) -> int:

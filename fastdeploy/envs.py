@@ -12,6 +12,9 @@ FD_CPU_GGUF_KERNEL      the block-kernel path of --quantization gguf: "auto" (de
 FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (default: its own cores when it has
                         fewer threads than there are cores, the API process keeps the rest), "nobind", or a core
                         list such as "1" or "2-3"; VLLM_CPU_OMP_THREADS_BIND too (fastdeploy/platforms/cpu_binding.py).
+FD_CPU_WIDE_STEP_TOKENS when the engine is pinned to fewer cores than the server may use: a step of at least
+                        this many tokens (a prefill) computes on every core while the CPU is otherwise free
+                        (default 128; 0 keeps every step on the engine's cores; fastdeploy/platforms/cpu_binding.py).
 FD_KV_TRANSFER_TIMEOUT  seconds a prefill instance keeps a request's KV blocks for its decode instance, and a
                         decode instance waits for them (default 120); VLLM_NIXL_ABORT_REQUEST_TIMEOUT too.
 FD_MAX_N_SEQUENCES      the largest ``n`` / beam width a request may ask for (default 16384);
@@ -95,6 +98,11 @@ def cpu_gguf_kernel() -> str:
     if value not in ("auto", "avx512-vnni", "avx2", "scalar"):
         raise ValueError(f"FD_CPU_GGUF_KERNEL must be auto, avx512-vnni, avx2 or scalar, got {value!r}.")
     return value
+
+
+def cpu_wide_step_tokens() -> int:
+    """FD_CPU_WIDE_STEP_TOKENS: steps of this many tokens compute on every core while the CPU is free (128)."""
+    return _int("FD_CPU_WIDE_STEP_TOKENS", default=128)
 
 
 def cpu_omp_threads_bind() -> str:

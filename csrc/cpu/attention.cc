@@ -149,7 +149,8 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
     std::vector<float> keys_t(head_dim * kKeyTile), key_rows(kKeyTile * head_dim), values(kKeyTile * head_dim);
     std::vector<float> probs(max_rows * kKeyTile);
 
-#pragma omp for schedule(dynamic, 1)
+    // monotonic: the GOMP 1.0 entry points Paddle's libiomp5 implements (the kernels run on it, _C.py).
+#pragma omp for schedule(monotonic : dynamic, 1)
     for (int64_t it = 0; it < num_items; ++it) {
       const WorkItem& item = items[it];
       const int64_t num_queries = query_start_loc[item.seq + 1] - query_start_loc[item.seq];

@@ -10,7 +10,9 @@
 // The packed layout is chosen for a reference M and serves every M (checked: the
 // brgemm implementation accepts it for M = 1 .. thousands); primitives are cached
 // per exact (M, K, N) because a runtime-M primitive falls back to the reference
-// implementation.
+// implementation. The key holds the OpenMP thread count too: a primitive keeps the count it
+// was created with, and the engine widens long steps to more threads (cpu_binding.WideSteps).
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
@@ -72,8 +74,9 @@ struct PrimitiveKey {
   int64_t m, k, n;
   int wdt;
   bool bias;
+  int threads;
   bool operator==(const PrimitiveKey& o) const {
-    return m == o.m && k == o.k && n == o.n && wdt == o.wdt && bias == o.bias;
+    return m == o.m && k == o.k && n == o.n && wdt == o.wdt && bias == o.bias && threads == o.threads;
   }
 };
 
@@ -82,6 +85,7 @@ struct PrimitiveKeyHash {
     size_t h = std::hash<int64_t>()(key.m);
     h = h * 1000003u ^ std::hash<int64_t>()(key.k);
     h = h * 1000003u ^ std::hash<int64_t>()(key.n);
+    h = h * 1000003u ^ std::hash<int>()(key.threads);
     return h * 31u + static_cast<size_t>(key.wdt) * 2u + (key.bias ? 1u : 0u);
   }
 };
@@ -210,7 +214,7 @@ void linear_forward(const float* x, int64_t m, int64_t k, const void* packed, co
   const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
   thread_local std::vector<char> one_row_src;
   thread_local std::vector<float> one_row_dst;
-  CachedMatmul mm = matmul_cache().get({m_exec, k, n, static_cast<int>(wdt), bias != nullptr});
+  CachedMatmul mm = matmul_cache().get({m_exec, k, n, static_cast<int>(wdt), bias != nullptr, omp_get_max_threads()});
   const void* src_data = x;
   if (bf16) src_data = to_bf16_scratch(x, m * k);
   float* dst_data = out;

@@ -14,6 +14,7 @@ from fastdeploy.worker.worker import Worker
 
 if TYPE_CHECKING:
     from fastdeploy.distributed.kv_transfer.pd_engine import PDKVTransfer
+    from fastdeploy.platforms.cpu_binding import WideSteps
 
 logger = init_logger(__name__)
 
@@ -35,6 +36,8 @@ class EngineCore:
 
     def __init__(self, fd_config: FDConfig, tokenizer: Any = None) -> None:
         self.fd_config = fd_config
+        # Set by the engine process when long steps may use the API process's cores too.
+        self.wide_steps: WideSteps | None = None
         start = time.perf_counter()
         self.worker = Worker(fd_config)
         self.worker.load_model()
@@ -118,6 +121,8 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
         scheduler_output = self.scheduler.schedule()
+        if self.wide_steps is not None:
+            self.wide_steps.for_step(scheduler_output.total_num_scheduled_tokens)
         if scheduler_output.total_num_scheduled_tokens == 0:
             # Nothing runnable: sleep until a grammar compiles rather than spin on the loop.
             waiting = self.scheduler.requests_waiting_for_grammar()

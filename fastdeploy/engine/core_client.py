@@ -102,7 +102,7 @@ class EngineCoreClient:
             target=EngineCoreProc.run_engine_core,
             name="EngineCore",
             args=(fd_config, input_address, output_address, ready_writer, os.getpid(), engine_core_cls,
-                  self.cpu_binding.engine if self.cpu_binding else None),
+                  self.cpu_binding),
             daemon=True,
         )
         with envs.child_environment(env):

@@ -17,6 +17,7 @@ from typing import Any
 
 import zmq
 
+from fastdeploy import envs
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.core_messages import (
     UTILITY_METHODS,
@@ -33,7 +34,7 @@ from fastdeploy.engine.core_messages import (
 from fastdeploy.engine.global_scheduler.bridge import BridgeMessage, CoreEndpoint, GlobalSchedulerBridge
 from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, FinishReason
 from fastdeploy.logger import init_logger
-from fastdeploy.platforms.cpu_binding import bind_process
+from fastdeploy.platforms.cpu_binding import CpuBinding, WideSteps, bind_process
 
 logger = init_logger(__name__)
 
@@ -78,14 +79,15 @@ class EngineCoreProc:
     @staticmethod
     def run_engine_core(fd_config: FDConfig, input_address: str, output_address: str, ready_conn: Connection,
                         parent_pid: int, engine_core_cls: str | None = None,
-                        cpu_cores: frozenset[int] | None = None) -> None:
+                        cpu_binding: CpuBinding | None = None) -> None:
         """Target of the engine core process: build the core, report ready, loop until told to stop.
 
-        ``cpu_cores``: the cores to compute on (fastdeploy/platforms/cpu_binding.py), set before any
-        OpenMP thread starts so that every one of them inherits it.
+        ``cpu_binding``: the engine's cores (fastdeploy/platforms/cpu_binding.py), set before any
+        OpenMP thread starts so that every one of them inherits it, and the API process's, which
+        long steps may use too (``WideSteps``).
         """
-        if cpu_cores:
-            bind_process(cpu_cores, "EngineCore")
+        if cpu_binding is not None:
+            bind_process(cpu_binding.engine, "EngineCore")
         # Ctrl-C reaches the whole process group; the API process decides when the core stops.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, _raise_system_exit)
@@ -97,6 +99,9 @@ class EngineCoreProc:
                 # Before the model loads, so an unreachable Redis fails the start at once.
                 bridge = GlobalSchedulerBridge.from_config(fd_config)
                 core = _load_class(engine_core_cls or DEFAULT_ENGINE_CORE_CLS)(fd_config)
+                if hasattr(core, "wide_steps"):
+                    # After the model loaded: the kernels' OpenMP runtime is in the process now.
+                    core.wide_steps = WideSteps.create(cpu_binding, envs.cpu_wide_step_tokens())
             except BaseException as e:
                 if bridge is not None:
                     bridge.close()

@@ -71,3 +71,29 @@ def test_every_gguf_kernel_path_builds_for_a_plain_x86_64_cpu(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     symbols = subprocess.run(["nm", "-C", str(tmp_path / "gguf_gemm.o")], capture_output=True, text=True).stdout
     assert "gguf_vnni::" in symbols and "gguf_avx2::" in symbols
+
+
+def test_the_kernels_and_onednn_share_one_openmp_runtime():
+    """Widened through the kernels' thread control, oneDNN's linear and a kernel of ours use the same pool.
+
+    Two runtimes (the kernels on libgomp, oneDNN on Paddle's libiomp5) would each keep a pool of
+    spin-waiting threads, and the linear would not widen at all.
+    """
+    code = (
+        "import os, paddle\n"
+        "from fastdeploy import _C, _custom_ops as ops\n"
+        "control = _C.omp_thread_control(); get_threads, set_threads = control.get_threads, control.set_threads\n"
+        "tasks = lambda: len(os.listdir('/proc/self/task'))\n"
+        "x, w = paddle.randn([256, 512]), paddle.randn([512, 2048])\n"
+        "packed = ops.linear_pack(w, 'float32')\n"
+        "ops.linear(x, packed, None, 2048, 'float32'); ops.rms_norm(x, paddle.ones([512]), 1e-6)\n"
+        "before = tasks(); set_threads(2)\n"
+        "ops.linear(x, packed, None, 2048, 'float32'); after_linear = tasks()\n"
+        "ops.rms_norm(x, paddle.ones([512]), 1e-6); after_norm = tasks()\n"
+        "bt = control.get_blocktime(); control.set_blocktime(3)\n"
+        "print(get_threads(), after_linear - before, after_norm - before, bt, control.get_blocktime())\n"
+    )
+    out = _python(code, OMP_NUM_THREADS="1", KMP_BLOCKTIME="150")
+    assert out.returncode == 0, out.stderr[-2000:]
+    # Paddle's libiomp5 has a blocktime (KMP_BLOCKTIME), settable per team.
+    assert out.stdout.split()[-5:] == ["2", "1", "1", "150", "3"]

@@ -10,6 +10,7 @@ from fastdeploy.model_executor.layers.sampler import (
     gather_logprobs,
     inverse_cdf_sample,
     log_softmax,
+    logprobs_of_rows,
     seen_token_counts,
 )
 
@@ -272,3 +273,17 @@ def test_gather_logprobs_top1_is_the_first_of_the_top_k():
     np.testing.assert_array_equal(one.logprobs, three.logprobs[:, :2])
     np.testing.assert_array_equal(one.ranks, three.ranks)
     np.testing.assert_array_equal(one.token_ids[:, 1], logprobs.argmax(axis=-1))
+
+
+@pytest.mark.parametrize("num_logprobs", [0, 1, 3, -1])
+def test_logprobs_of_rows_in_chunks_equal_the_whole_array(num_logprobs):
+    """Prompt logprobs a chunk of rows at a time: exactly gather_logprobs(log_softmax(...)), read-only input."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((37, 500)) * 4).astype(np.float32)  # 37 rows: chunks of 16, 16 and 5
+    x.flags.writeable = False
+    chosen = rng.integers(0, 500, 37)
+    want = gather_logprobs(log_softmax(x), chosen, num_logprobs)
+    got = logprobs_of_rows(x, chosen, num_logprobs)
+    np.testing.assert_array_equal(got.token_ids, want.token_ids)
+    np.testing.assert_array_equal(got.logprobs, want.logprobs)
+    np.testing.assert_array_equal(got.ranks, want.ranks)

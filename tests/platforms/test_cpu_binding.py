@@ -74,3 +74,63 @@ def test_a_bad_binding_stops_the_server_with_a_clear_message():
     )
     assert out.returncode != 0
     assert "FD_CPU_OMP_THREADS_BIND must be" in out.stdout + out.stderr
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_long_steps_widen_to_every_core_while_the_cpu_is_free(tmp_path):
+    from fastdeploy._C import OmpControl
+    from fastdeploy.platforms.cpu_binding import WIDE_BLOCKTIME_MS, CpuBinding, WideSteps, bind_process
+
+    before = os.sched_getaffinity(0)
+    api_core, engine_core = sorted(before)[:2]
+    pressure = tmp_path / "cpu"
+
+    def stall(total_us: int) -> None:
+        pressure.write_text(f"some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n"
+                            "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+
+    stall(0)
+    threads: list[int] = []
+    blocktimes: list[int] = []
+    clock = _Clock()
+    omp = OmpControl(lambda: 1, threads.append, lambda: 200, blocktimes.append)
+    steps = WideSteps(CpuBinding(frozenset({engine_core}), frozenset({api_core})), 128, omp,
+                      pressure_path=str(pressure), clock=clock)
+    bind_process(frozenset({engine_core}), None)
+    try:
+        steps.for_step(16)  # a decode step stays on the engine's core
+        assert not steps.wide and threads == []
+        clock.now += 1.0
+        steps.for_step(600)  # a prefill, nobody waited for a core: both cores, two threads
+        assert steps.wide and threads == [2] and os.sched_getaffinity(0) == {api_core, engine_core}
+        steps.for_step(1)
+        assert not steps.wide and threads == [2, 1] and os.sched_getaffinity(0) == {engine_core}
+        assert blocktimes == [WIDE_BLOCKTIME_MS, 200]  # a wide team's workers sleep soon; narrow: as before
+        clock.now += 1.0
+        stall(500_000)  # tasks waited for a core half of the last second: stay narrow...
+        steps.for_step(600)
+        assert not steps.wide and os.sched_getaffinity(0) == {engine_core}
+        clock.now += 1.0
+        steps.for_step(600)  # ...for the back-off, even once the pressure is gone
+        assert not steps.wide
+        clock.now += 2.0
+        steps.for_step(600)
+        assert steps.wide and threads == [2, 1, 2] and steps.num_wide_steps == 2
+    finally:
+        bind_process(frozenset(before), None)
+
+
+def test_no_wide_steps_without_cores_to_widen_to_or_when_turned_off():
+    from fastdeploy.platforms.cpu_binding import CpuBinding, WideSteps
+
+    assert WideSteps.create(None, 128) is None
+    assert WideSteps.create(CpuBinding(frozenset({0, 1}), frozenset()), 128) is None
+    assert WideSteps.create(CpuBinding(frozenset({1}), frozenset({0})), 0) is None
