@@ -314,7 +314,8 @@ class OpenAIServingChat(OpenAIServing):
                     logprobs = self._logprobs(request, output.token_ids, output.logprobs)
                     if delta is None:
                         # Text held back (a reasoning or tool-call marker may be starting): the chunk still
-                        # goes out when it carries token ids or logprobs, so none of them is lost (vLLM).
+                        # goes out when it carries token ids (as vLLM) or logprobs (vLLM drops those; we
+                        # send them so that a client summing logprobs misses none).
                         if not finished[i] and logprobs is None and not request.return_token_ids:
                             continue
                         delta = DeltaMessage()
