@@ -12,6 +12,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "shim"))
+# FastDeploy's own test server (remote_server.RemoteOpenAIServer), which the stand-in extends.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "entrypoints", "openai"))
 
 # No network: the LoRA fixtures' downloads return a placeholder folder (the flags are dropped anyway).
 import huggingface_hub  # noqa: E402

@@ -32,15 +32,18 @@ class RemoteOpenAIServer:
                  timeout_s: float = 240, cli: bool = False, wait: bool = True) -> None:
         self.port = get_open_port()
         self.api_key = api_key
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="fd-server-", suffix=".log", delete=False)
         # cli=True starts it as `fastdeploy serve ARGS` (the console script's module) instead.
         entry = ["fastdeploy.entrypoints.cli.main", "serve"] if cli else ["fastdeploy.entrypoints.openai.api_server"]
-        cmd = [sys.executable, "-m", *entry, *args, "--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})}, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.launch([sys.executable, "-m", *entry, *args, "--host", "127.0.0.1", "--port", str(self.port)],
+                    {**os.environ, **(env or {})})
         # wait=False lets a test start several servers first (they load their models side by side).
         if wait:
             self.wait_for_health(timeout_s)
+
+    def launch(self, cmd: list[str], env: dict[str, str]) -> None:
+        """Start ``cmd`` in its own session (stop() can kill the engine with it), output to a log file."""
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="fd-server-", suffix=".log", delete=False)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_for_health(self, timeout_s: float = 240) -> None:
         deadline = time.monotonic() + timeout_s

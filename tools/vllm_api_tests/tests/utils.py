@@ -10,13 +10,10 @@ tests/conftest.py).
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 
 import openai
-import requests
+from remote_server import RemoteOpenAIServer as FastDeployServer  # FastDeploy's own test server
 from vllm._model import FD_MODEL
 from vllm.utils.network_utils import get_open_port
 
@@ -58,8 +55,8 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return None
 
 
-class RemoteOpenAIServer:
-    """`python -m fastdeploy.entrypoints.cli.main serve` in a subprocess, ready once /health answers 200."""
+class RemoteOpenAIServer(FastDeployServer):
+    """`python -m fastdeploy.entrypoints.cli.main serve` with vLLM's constructor, ready once /health answers 200."""
 
     DUMMY_API_KEY = "token-abc123"  # as vLLM's: the server needs no key unless the test sets one
 
@@ -88,48 +85,15 @@ class RemoteOpenAIServer:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         if env_dict is not None:
             env.update(env_dict)
+        self.api_key = None
         self.cmd = [sys.executable, "-m", "fastdeploy.entrypoints.cli.main", "serve", FD_MODEL, *args]
         print(f"Launching RemoteOpenAIServer (fastdeploy) with: {' '.join(self.cmd)}")
-        self.proc = subprocess.Popen(self.cmd, env=env, stdout=sys.stdout, stderr=sys.stderr,
-                                     start_new_session=True)
-        self._wait_for_server(url=self.url_for("health"), timeout=max_wait_seconds or 240)
-
-    def __enter__(self) -> RemoteOpenAIServer:
-        return self
-
-    def __exit__(self, exc_type, exc_value, traceback) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-    def _wait_for_server(self, *, url: str, timeout: float) -> None:
-        start = time.time()
-        while True:
-            try:
-                if requests.get(url, timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"Server exited unexpectedly with code {self.proc.returncode}.")
-            if time.time() - start > timeout:
-                self.stop()
-                raise RuntimeError("Server failed to start in time.")
-            time.sleep(0.5)
+        self.launch(self.cmd, env)
+        self.wait_for_health(max_wait_seconds or 240)
 
     @property
     def url_root(self) -> str:
         return f"http://{self.host}:{self.port}"
-
-    def url_for(self, *parts: str) -> str:
-        return os.path.join(self.url_root, *parts)
 
     def get_client(self, **kwargs) -> openai.OpenAI:
         kwargs.setdefault("timeout", 600)
