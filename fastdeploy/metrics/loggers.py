@@ -63,9 +63,10 @@ class PrometheusStatLogger:
         self.registry = registry or CollectorRegistry()
         # --show-hidden-metrics-for-version: the deprecated metrics hidden in the followed vLLM release
         # (HIDDEN_METRICS) are registered only then. vLLM 0.33 hides none of the metrics exported here.
-        self.show_hidden_metrics = show_hidden_metrics
         self.hidden_metrics = [factory(self.registry, model_name) for factory in HIDDEN_METRICS] \
             if show_hidden_metrics else []
+        if show_hidden_metrics and not HIDDEN_METRICS:
+            logger.info("--show-hidden-metrics-for-version: this release hides no metrics, so it exports nothing more.")
         for collector in (process_collector.ProcessCollector, platform_collector.PlatformCollector,
                           gc_collector.GCCollector):
             collector(registry=self.registry)

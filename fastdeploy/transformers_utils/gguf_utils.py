@@ -146,15 +146,21 @@ def ggml_type_name(ggml_type: int) -> str:
         return str(ggml_type)
 
 
-def _tensor_bytes(data: np.ndarray, info: GGUFTensorInfo) -> tuple[np.ndarray, tuple[int, ...]]:
-    """(the tensor's bytes as ``[..., bytes per row]``, its row-major shape) from the file's bytes."""
+def row_bytes(ggml_type: int, k: int) -> int:
+    """Bytes of one row of ``k`` elements stored as ``ggml_type`` blocks."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.ggml_type)]
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    return k // block * type_size
+
+
+def _tensor_bytes(data: np.ndarray, info: GGUFTensorInfo) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(the tensor's bytes as ``[..., bytes per row]``, its row-major shape) from the file's bytes."""
     shape = tuple(reversed(info.dims))
-    nbytes = int(np.prod(shape)) // block * type_size
-    raw = data[info.offset : info.offset + nbytes]
-    return raw.reshape(*shape[:-1], shape[-1] // block * type_size), shape
+    per_row = row_bytes(info.ggml_type, shape[-1])
+    rows = int(np.prod(shape[:-1]))
+    raw = data[info.offset : info.offset + rows * per_row]
+    return raw.reshape(*shape[:-1], per_row), shape
 
 
 def load_gguf_blocks(data: np.ndarray, info: GGUFTensorInfo) -> GGUFBlocks:

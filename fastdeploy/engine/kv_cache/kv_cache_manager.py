@@ -64,11 +64,14 @@ class KVCacheManager:
     def num_used_blocks(self) -> int:
         return self.block_pool.num_blocks - self.block_pool.get_num_free_blocks()
 
-    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+    def get_computed_blocks(self, request: Request, wait_for_pending: bool = False,
+                            ) -> tuple[list[KVCacheBlock], int] | None:
         """Longest run of the request's full blocks already in the cache, and its token count.
 
         The last token is never taken from the cache: its logits are needed. A request that
         still owes prompt logprobs only takes blocks that carry them (see the module doc).
+        With ``wait_for_pending``, None when the run stops at a block whose prompt logprobs are
+        being computed (``prompt_logprobs_pending``): the same walk answers both questions.
         """
         if not self.enable_caching:
             return [], 0
@@ -76,7 +79,9 @@ class KVCacheManager:
         if k is not None and k > MAX_CACHED_PROMPT_LOGPROBS:
             # Too wide to keep with the blocks: every prompt position is computed (as vLLM does).
             return [], 0
-        hits, _ = self._cached_run(request, k)
+        hits, stopped_at = self._cached_run(request, k)
+        if wait_for_pending and stopped_at is not None and stopped_at.prompt_logprobs_pending:
+            return None
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += len(hits) * self.block_size
         return hits, len(hits) * self.block_size

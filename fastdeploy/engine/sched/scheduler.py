@@ -186,14 +186,15 @@ class Scheduler:
             if request.num_computed_tokens > 0:
                 # The prompt's KV came from a prefill instance into blocks it already holds.
                 computed_blocks, num_computed = [], request.num_computed_tokens
-            elif kv.prompt_logprobs_pending(request):
-                # A request in this batch is computing the prefix and its prompt logprobs (lm-eval's
-                # choices of one question arrive together): take them from the cache next step.
-                self.waiting.popleft()
-                not_ready.append(request)
-                continue
             else:
-                computed_blocks, num_computed = kv.get_computed_blocks(request)
+                cached = kv.get_computed_blocks(request, wait_for_pending=True)
+                if cached is None:
+                    # A request in this batch is computing the prefix and its prompt logprobs (lm-eval's
+                    # choices of one question arrive together): take them from the cache next step.
+                    self.waiting.popleft()
+                    not_ready.append(request)
+                    continue
+                computed_blocks, num_computed = cached
             num_new = request.num_tokens - num_computed
             if not self.enable_chunked_prefill and num_new > budget:
                 break

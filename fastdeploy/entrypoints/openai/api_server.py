@@ -317,10 +317,8 @@ def _error_line(err: Any) -> str:
             value = err["input"]
             if isinstance(value, (list, tuple, dict, set, frozenset)):
                 err["input"] = f"<{type(value).__name__} of {len(value)} items>"
-            elif not isinstance(value, str):
-                err["input"] = _bounded(str(value), _MAX_ERROR_INPUT_CHARS)
             else:
-                err["input"] = _bounded(value, _MAX_ERROR_INPUT_CHARS)
+                err["input"] = _bounded(str(value), _MAX_ERROR_INPUT_CHARS)
     return _bounded(str(err), _MAX_ERROR_CHARS)
 
 

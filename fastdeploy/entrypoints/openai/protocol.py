@@ -34,17 +34,6 @@ class OpenAIBaseModel(BaseModel):
     """Base of every API model: unknown request fields are kept aside and ignored."""
 
     model_config = ConfigDict(extra="allow")
-    # vLLM-only response keys left out of the JSON when they are None or empty.
-    _omit_if_empty: ClassVar[frozenset[str]] = frozenset()
-
-    @model_serializer(mode="wrap")
-    def _omit_empty(self, handler: Any):  # no return type: the JSON schema stays the fields' own
-        data = handler(self)
-        for key in self._omit_if_empty:
-            if key in data and (data[key] is None or data[key] == []):
-                del data[key]
-        return data
-
     @model_validator(mode="wrap")
     @classmethod
     def _log_extra_fields(cls, data: Any, handler: Any) -> Any:
@@ -541,8 +530,17 @@ class ChatCompletionResponse(ResponseHead):
 
 
 class DeltaMessage(OpenAIBaseModel):
+    # A delta carries only what changed: these keys are left out of the JSON when None or empty.
     _omit_if_empty: ClassVar[frozenset[str]] = frozenset(
         {"role", "content", "reasoning", "reasoning_content", "tool_calls"})
+
+    @model_serializer(mode="wrap")
+    def _omit_empty(self, handler: Any):  # no return type: the JSON schema stays the fields' own
+        data = handler(self)
+        for key in self._omit_if_empty:
+            if key in data and (data[key] is None or data[key] == []):
+                del data[key]
+        return data
 
     role: str | None = None
     content: str | None = None

@@ -26,7 +26,7 @@ from fastdeploy.model_executor.layers.linear import KernelWeight, LinearBase, Li
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from fastdeploy.model_executor.utils import new_parameter
-from fastdeploy.transformers_utils.gguf_utils import GGUFBlocks
+from fastdeploy.transformers_utils.gguf_utils import GGUFBlocks, row_bytes
 
 if TYPE_CHECKING:
     from fastdeploy.model_executor.layers.vocab_embedding import VocabParallelEmbedding
@@ -86,15 +86,14 @@ def dequantize_rows(qweight: paddle.Tensor, ggml_type: int, rows: int, dim: int)
 class GGUFConfig(QuantizationConfig):
     """``--quantization gguf``: a GGUF file's matrices kept in their blocks, multiplied by the block kernels.
 
-    Args:
-        kernel_path: the kernel path ("avx512-vnni", "avx2", "scalar"); default: the platform's choice.
+    The kernel path ("avx512-vnni", "avx2", "scalar") is the platform's choice (``FD_CPU_GGUF_KERNEL``).
 
     Raises:
         RuntimeError: the block kernels are not built here (the reason is logged by the kernel loader).
     """
 
-    def __init__(self, kernel_path: str | None = None) -> None:
-        path = kernel_path or get_op_backend().gguf
+    def __init__(self) -> None:
+        path = get_op_backend().gguf
         if path not in KERNEL_PATHS:
             raise RuntimeError(
                 "quantization='gguf' needs the C++ block kernels (csrc/cpu/gguf_gemm.cc), which are not available "
@@ -209,17 +208,10 @@ class GGUFLinearMethod(LinearMethodBase):
         qweight, _, segments, _ = layer._gguf_args
         parts, offset = [], 0
         for ggml_type, rows in zip(segments[0::2], segments[1::2], strict=True):
-            nbytes = _row_bytes(ggml_type, layer.input_size) * rows
+            nbytes = row_bytes(ggml_type, layer.input_size) * rows
             parts.append(dequantize_rows(qweight[offset : offset + nbytes], ggml_type, rows, layer.input_size))
             offset += nbytes
         return paddle.concat(parts, axis=0).T
-
-
-def _row_bytes(ggml_type: int, k: int) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    return k // block * type_size
 
 
 class GGUFEmbeddingMethod(QuantizeMethodBase):
