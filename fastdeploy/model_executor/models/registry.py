@@ -30,6 +30,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Ernie4_5ForCausalLM": ("ernie4_5", "Ernie4_5ForCausalLM"),
     # The name Baidu's own ERNIE 4.5 checkpoints put in config.json.
     "Ernie4_5_ForCausalLM": ("ernie4_5", "Ernie4_5ForCausalLM"),
+    "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
+    "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
 }
 
 
