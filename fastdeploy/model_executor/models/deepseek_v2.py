@@ -19,10 +19,9 @@ name (:func:`check_supported`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import paddle
 from paddle import nn
 
@@ -176,21 +175,26 @@ class DeepseekV2MLAAttention(nn.Layer):
 
 
 class DeepseekV2DecoderLayer(nn.Layer):
-    """Pre-norm block: MLA, then a dense MLP or DeepSeekMoE; the residual stream is carried separately."""
+    """Pre-norm block: MLA, then a dense MLP or DeepSeekMoE; the residual stream is carried separately.
+
+    Args:
+        build_mlp: ``(layer_idx, prefix, dtype, quant_config) -> nn.Layer``, the model's choice of
+            feed-forward for this layer (dense or MoE).
+    """
 
     def __init__(self, hf_config: Any, layer_idx: int, rotary_emb: RotaryEmbedding, dtype: str,
-                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "", *,
+                 build_mlp: Callable[..., nn.Layer]) -> None:
         super().__init__()
         hidden, eps = hf_config.hidden_size, hf_config.rms_norm_eps
         self.self_attn = DeepseekV2MLAAttention(hf_config, rotary_emb, dtype, quant_config, f"{prefix}.self_attn")
-        if is_moe_layer(hf_config, layer_idx):
-            from fastdeploy.model_executor.models.deepseek_moe import DeepseekV2MoE
-
-            self.mlp = DeepseekV2MoE(hf_config, dtype, quant_config, f"{prefix}.mlp")
-        else:
-            self.mlp = LlamaMLP(hidden, hf_config.intermediate_size, False, dtype, quant_config, f"{prefix}.mlp")
+        self.mlp = build_mlp(layer_idx, f"{prefix}.mlp", dtype, quant_config)
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
+
+    def process_weights_after_loading(self) -> None:
+        """Split ``kv_b_proj`` for the absorbed decode (from its weight as the matmul uses it)."""
+        self.self_attn.process_weights_after_loading()
 
     def forward(self, positions: paddle.Tensor, hidden_states: paddle.Tensor, residual: paddle.Tensor | None,
                 kv_cache: tuple[paddle.Tensor, ...], attn_metadata: AttentionMetadata
@@ -209,14 +213,15 @@ class DeepseekV2Model(nn.Layer):
     """Embedding, decoder layers and the final norm."""
 
     def __init__(self, hf_config: Any, dtype: str = "float32", quant_config: QuantizationConfig | None = None,
-                 prefix: str = "model", is_neox_style: bool = False) -> None:
+                 prefix: str = "model", *, is_neox_style: bool = False, build_mlp: Callable[..., nn.Layer]) -> None:
         super().__init__()
         self.config = hf_config
         self.rotary_emb = mla_rope(hf_config, dtype, is_neox_style)
         self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size, dtype, quant_config,
                                                    f"{prefix}.embed_tokens")
         self.layers = nn.LayerList([
-            DeepseekV2DecoderLayer(hf_config, i, self.rotary_emb, dtype, quant_config, f"{prefix}.layers.{i}")
+            DeepseekV2DecoderLayer(hf_config, i, self.rotary_emb, dtype, quant_config, f"{prefix}.layers.{i}",
+                                   build_mlp=build_mlp)
             for i in range(hf_config.num_hidden_layers)
         ])
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype)
@@ -231,7 +236,7 @@ class DeepseekV2Model(nn.Layer):
         return hidden_states
 
 
-# HF name piece -> (our fused module, shard id); expert names are resolved by the MoE layer.
+# HF name piece -> (our fused module, shard id).
 _STACKED = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -241,14 +246,20 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
     ``forward``'s ``kv_caches`` holds one ``(latent_cache,)`` per layer, each ``[num_blocks,
     block_size, 1, kv_lora_rank + qk_rope_head_dim]``, as :meth:`get_kv_cache_spec` describes.
+    Checkpoint tensors of the MTP modules (``model.layers.{num_hidden_layers + k}``) are
+    skipped here: :class:`~fastdeploy.model_executor.models.deepseek_mtp.DeepSeekMTP` loads them.
     """
+
+    # The routing of a config without `topk_method`: V2's softmax greedy (V3: sigmoid, grouped, biased).
+    default_topk_method = "greedy"
 
     def __init__(self, hf_config: Any, dtype: str = "float32", quant_config: QuantizationConfig | None = None) -> None:
         nn.Layer.__init__(self)
         check_supported(hf_config)
         self.config = hf_config
         self.dtype_name = dtype
-        self.model = DeepseekV2Model(hf_config, dtype, quant_config, is_neox_style=self.rope_is_neox(hf_config))
+        self.model = DeepseekV2Model(hf_config, dtype, quant_config, is_neox_style=self.rope_is_neox(hf_config),
+                                     build_mlp=self.build_mlp)
         self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype,
                                       quant_config=quant_config, prefix="lm_head")
         self.logits_processor = LogitsProcessor(hf_config.vocab_size)
@@ -268,36 +279,41 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         """One latent of ``kv_lora_rank + qk_rope_head_dim`` per token and layer."""
         return [MLAAttentionSpec(1, self.head_dim, self.kv_cache_dtype)] * self.num_layers
 
-    def process_weights_after_loading(self, dtype: str) -> None:
-        """Split ``kv_b_proj`` for the absorbed decode, then pack the matmuls as the Llama models do."""
-        for layer in self.model.layers:
-            layer.self_attn.process_weights_after_loading()
-        from fastdeploy.model_executor.layers.linear import process_linear_weights
+    def build_mlp(self, layer_idx: int, prefix: str, dtype: str, quant_config: QuantizationConfig | None) -> nn.Layer:
+        """Layer ``layer_idx``'s feed-forward: DeepSeekMoE where :func:`is_moe_layer`, else the dense SwiGLU."""
+        c = self.config
+        if is_moe_layer(c, layer_idx):
+            from fastdeploy.model_executor.models.deepseek_moe import build_deepseek_moe
 
-        self.compute_dtype = process_linear_weights(self, dtype)
-        self.kv_cache_dtype = "bfloat16" if self.compute_dtype == "bfloat16" else "float32"
+            return build_deepseek_moe(c, dtype, quant_config, prefix, self.default_topk_method)
+        return LlamaMLP(c.hidden_size, c.intermediate_size, False, dtype, quant_config, prefix)
 
     def _resolve(self, name: str) -> tuple[str, object] | None:
         m = _LAYER_RE.match(name)
         if m and int(m.group(1)) >= self.num_layers:
-            return None  # a multi-token-prediction layer: DeepSeekMTP loads it
+            return None  # a multi-token-prediction module: DeepSeekMTP loads it
+        return self.resolve_layer_name(name)
+
+    @staticmethod
+    def resolve_layer_name(name: str) -> tuple[str, object] | None:
+        """A checkpoint name -> (our parameter name, shard id), or None for entries to skip."""
         if name.endswith("rotary_emb.inv_freq"):
             return None
         parts = name.split(".")
         if "experts" in parts and "shared_experts" not in parts:
-            return self.model.layers[int(m.group(1))].mlp.resolve_expert_name(name)
+            from fastdeploy.model_executor.layers.fused_moe import expert_params_mapping
+
+            return expert_params_mapping(name)
         if len(parts) >= 2 and parts[-2] in _STACKED:
             fused, shard = _STACKED[parts[-2]]
             return ".".join(parts[:-2] + [fused, parts[-1]]), shard
         return name, None
 
-    def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> set[str]:
-        """As :meth:`LlamaForCausalLM.load_weights`; tensors of the MTP layers are left for :class:`DeepSeekMTP`."""
-        return super().load_weights(weights)
-
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     """DeepSeek-V3 / R1: V2's layout with sigmoid grouped routing and a score-correction bias."""
+
+    default_topk_method = "noaux_tc"
 
     @classmethod
     def rope_is_neox(cls, hf_config: Any) -> bool:
