@@ -20,6 +20,8 @@ from fastdeploy.model_executor.layers.attention.metadata import build_attention_
 
 TINY_VOCAB = 1000
 ARCHITECTURES = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Ernie4_5ForCausalLM"]
+# Mixture-of-experts architectures: 8 experts, top-2, one sparse and one dense layer (or both sparse).
+MOE_ARCHITECTURES = ["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Ernie4_5_MoeForCausalLM"]
 # Architectures with no native implementation, served through the PaddleFormers backend.
 PADDLEFORMERS_ONLY_ARCHITECTURES = ["Phi3ForCausalLM"]
 
@@ -42,6 +44,17 @@ _ARCH_OPTIONS: dict[str, dict[str, Any]] = {
     "Qwen2ForCausalLM": dict(tie_word_embeddings=False),
     "Qwen3ForCausalLM": dict(tie_word_embeddings=True, head_dim=32),
     "Ernie4_5ForCausalLM": dict(tie_word_embeddings=True, use_bias=True, head_dim=16),
+    # Layer 1 dense (mlp_only_layers), renormalized top-k.
+    "Qwen3MoeForCausalLM": dict(tie_word_embeddings=False, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),
+    # Layer 0 dense (decoder_sparse_step 2), top-k not renormalized, gated shared expert.
+    "Qwen2MoeForCausalLM": dict(tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False,
+                                decoder_sparse_step=2),
+    # Both layers sparse, biases, two shared experts; the random correction bias changes the choice.
+    "Ernie4_5_MoeForCausalLM": dict(tie_word_embeddings=True, use_bias=True, head_dim=16, moe_num_experts=8, moe_k=2,
+                                    moe_intermediate_size=32, moe_num_shared_experts=2, moe_layer_start_index=0,
+                                    moe_layer_end_index=1, moe_layer_interval=1),
     # Sliding window shorter than the test sequences, partial rotary: both must be honoured.
     "Phi3ForCausalLM": dict(tie_word_embeddings=False, sliding_window=12, partial_rotary_factor=0.5),
     # MLA with distinct nope / rope / v widths and a q LoRA; YaRN with DeepSeek's mscale (V3) or none (V2-Lite's
@@ -72,6 +85,9 @@ def tiny_hf_config(arch: str, **overrides: Any):
         "Qwen3ForCausalLM": transformers.Qwen3Config,
         "Ernie4_5ForCausalLM": transformers.Ernie4_5Config,
         "Phi3ForCausalLM": transformers.Phi3Config,
+        "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
+        "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig,
+        "Ernie4_5_MoeForCausalLM": transformers.Ernie4_5_MoeConfig,
         "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
         "DeepseekV2ForCausalLM": transformers.DeepseekV2Config,
     }[arch]
