@@ -29,6 +29,7 @@ from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.layers.attention.kv_cache_spec import MLAAttentionSpec
 from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
 from fastdeploy.model_executor.layers.attention.mla_attn import MLAAttentionImpl
+from fastdeploy.model_executor.layers.fused_moe import FusedMoE, expert_params_mapping
 from fastdeploy.model_executor.layers.layernorm import RMSNorm
 from fastdeploy.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from fastdeploy.model_executor.layers.logits_processor import LogitsProcessor
@@ -36,6 +37,8 @@ from fastdeploy.model_executor.layers.quantization.base_config import Quantizati
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope, yarn_get_mscale
 from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
 from fastdeploy.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
+from fastdeploy.model_executor.models.moe import COMMON_CHECKS, MoEModelMixin, SparseMoeBlock, refuse_unsupported
+from fastdeploy.model_executor.utils import new_parameter
 
 logger = init_logger(__name__)
 
@@ -48,41 +51,35 @@ def _rope_scaling(hf_config: Any) -> dict[str, Any]:
     return dict(params)
 
 
+def _rope_type(value: Any) -> str:
+    params = dict(value or {})
+    return params.get("rope_type", params.get("type", "default"))
+
+
+# Fields that change the computation, each with what is implemented; refused by name otherwise.
+_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **COMMON_CHECKS,
+    "rope_parameters": (lambda v: _rope_type(v) in _ROPE_TYPES, f"rope_type in {list(_ROPE_TYPES)}"),
+    "rope_scaling": (lambda v: _rope_type(v) in _ROPE_TYPES, f"rope_type in {list(_ROPE_TYPES)}"),
+    "topk_method": (lambda v: v in (None, "greedy", "group_limited_greedy", "noaux_tc"),
+                    "'greedy', 'group_limited_greedy' or 'noaux_tc'"),
+    "scoring_func": (lambda v: v in (None, "softmax", "sigmoid"), "'softmax' or 'sigmoid'"),
+    "ep_size": (lambda v: (v or 1) == 1, "1 (expert parallelism is not implemented)"),
+    # DeepSeek-V3.2's sparse-attention indexer.
+    "index_topk": (lambda v: not v, "unset (DeepSeek sparse attention is not implemented)"),
+}
+
+
 def check_supported(hf_config: Any) -> None:
     """Refuse, by field name, configs whose computation this implementation would get wrong.
 
     Raises:
-        NotImplementedError: naming the field and its value.
+        ValueError: naming the field, its value and what is supported.
     """
-    def refuse(field: str, value: Any, supported: str) -> None:
-        raise NotImplementedError(
-            f"DeepSeek config field {field}={value!r} is not supported by FastDeploy's native "
-            f"{hf_config.architectures[0] if getattr(hf_config, 'architectures', None) else 'DeepSeek'} "
-            f"implementation (supported: {supported})."
-        )
-
-    act = getattr(hf_config, "hidden_act", "silu")
-    if act != "silu":
-        refuse("hidden_act", act, "'silu'")
-    rope_type = _rope_scaling(hf_config).get("rope_type", _rope_scaling(hf_config).get("type", "default"))
-    if rope_type not in _ROPE_TYPES:
-        refuse("rope_scaling.rope_type", rope_type, str(list(_ROPE_TYPES)))
-    if getattr(hf_config, "n_routed_experts", None):
-        method = getattr(hf_config, "topk_method", None)
-        if method not in (None, "greedy", "group_limited_greedy", "noaux_tc"):
-            refuse("topk_method", method, "'greedy', 'group_limited_greedy', 'noaux_tc'")
-        scoring = getattr(hf_config, "scoring_func", None)
-        if scoring not in (None, "softmax", "sigmoid"):
-            refuse("scoring_func", scoring, "'softmax', 'sigmoid'")
-        ep_size = getattr(hf_config, "ep_size", 1) or 1
-        if ep_size != 1:
-            refuse("ep_size", ep_size, "1 (expert parallelism is not implemented)")
-    for field in ("index_topk", "index_n_heads"):  # DeepSeek-V3.2's sparse attention indexer
-        if getattr(hf_config, field, None):
-            refuse(field, getattr(hf_config, field), "absent (DeepSeek sparse attention is not implemented)")
-    if getattr(hf_config, "num_key_value_heads", hf_config.num_attention_heads) != hf_config.num_attention_heads:
-        refuse("num_key_value_heads", hf_config.num_key_value_heads,
-               f"num_attention_heads ({hf_config.num_attention_heads}): MLA shares one latent across heads")
+    refuse_unsupported(hf_config, _CHECKS)
+    heads = hf_config.num_attention_heads
+    refuse_unsupported(hf_config, {"num_key_value_heads": (
+        lambda v: v in (None, heads), f"num_attention_heads ({heads}): MLA shares one latent across heads")})
 
 
 def is_moe_layer(hf_config: Any, layer_idx: int) -> bool:
@@ -241,7 +238,7 @@ _STACKED = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-class DeepseekV2ForCausalLM(LlamaForCausalLM):
+class DeepseekV2ForCausalLM(MoEModelMixin, LlamaForCausalLM):
     """DeepSeek-V2 (and V2-Lite, V2.5) with the LM head; the loading and logits of :class:`LlamaForCausalLM`.
 
     ``forward``'s ``kv_caches`` holds one ``(latent_cache,)`` per layer, each ``[num_blocks,
@@ -250,7 +247,8 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     skipped here: :class:`~fastdeploy.model_executor.models.deepseek_mtp.DeepSeekMTP` loads them.
     """
 
-    # The routing of a config without `topk_method`: V2's softmax greedy (V3: sigmoid, grouped, biased).
+    # The routing of a config without `topk_method` (transformers' configs have none): V2's softmax
+    # greedy; V3 overrides it with "noaux_tc" (sigmoid, grouped, biased).
     default_topk_method = "greedy"
 
     def __init__(self, hf_config: Any, dtype: str = "float32", quant_config: QuantizationConfig | None = None) -> None:
@@ -279,14 +277,45 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         """One latent of ``kv_lora_rank + qk_rope_head_dim`` per token and layer."""
         return [MLAAttentionSpec(1, self.head_dim, self.kv_cache_dtype)] * self.num_layers
 
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return is_moe_layer(self.config, layer_idx)
+
     def build_mlp(self, layer_idx: int, prefix: str, dtype: str, quant_config: QuantizationConfig | None) -> nn.Layer:
         """Layer ``layer_idx``'s feed-forward: DeepSeekMoE where :func:`is_moe_layer`, else the dense SwiGLU."""
         c = self.config
-        if is_moe_layer(c, layer_idx):
-            from fastdeploy.model_executor.models.deepseek_moe import build_deepseek_moe
+        return super().build_mlp(layer_idx, prefix, dtype, quant_config) or LlamaMLP(
+            c.hidden_size, c.intermediate_size, False, dtype, quant_config, prefix)
 
-            return build_deepseek_moe(c, dtype, quant_config, prefix, self.default_topk_method)
-        return LlamaMLP(c.hidden_size, c.intermediate_size, False, dtype, quant_config, prefix)
+    def build_moe_block(self, prefix: str, dtype: str, quant_config: QuantizationConfig | None) -> nn.Layer:
+        """Router + routed experts + ``n_shared_experts`` shared experts (one SwiGLU of their summed width).
+
+        ``topk_method`` picks the routing: "greedy" (softmax top-k), "group_limited_greedy" (softmax,
+        only the ``topk_group`` groups with the best expert compete), "noaux_tc" (sigmoid scores plus
+        ``e_score_correction_bias`` for choosing, groups ranked by their two best); weights are
+        renormalized with ``norm_topk_prob`` and scaled by ``routed_scaling_factor``.
+        """
+        c = self.config
+        method = getattr(c, "topk_method", None) or self.default_topk_method
+        scoring = getattr(c, "scoring_func", None) or ("sigmoid" if method == "noaux_tc" else "softmax")
+        num_experts = c.n_routed_experts
+        # The checkpoint stores the bias under the router (mlp.gate.e_score_correction_bias), in fp32.
+        bias = new_parameter([num_experts], "float32") if method == "noaux_tc" else None
+        grouped = method != "greedy"
+        experts = FusedMoE(
+            num_experts, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size,
+            renormalize=bool(getattr(c, "norm_topk_prob", False)), dtype=dtype, quant_config=quant_config,
+            prefix=f"{prefix}.experts", scoring_func=scoring, e_score_correction_bias=bias,
+            num_expert_group=(getattr(c, "n_group", None) or 1) if grouped else None,
+            topk_group=(getattr(c, "topk_group", None) or 1) if grouped else None,
+            routed_scaling_factor=float(getattr(c, "routed_scaling_factor", 1.0) or 1.0),
+        )  # fmt: skip
+        n_shared = getattr(c, "n_shared_experts", None) or 0
+        shared = (self.shared_mlp(c.moe_intermediate_size * n_shared, False, dtype, quant_config,
+                                  f"{prefix}.shared_experts") if n_shared else None)
+        block = SparseMoeBlock(c.hidden_size, experts, dtype, prefix, shared=shared, shared_name="shared_experts")
+        if bias is not None:
+            block.gate.e_score_correction_bias = bias
+        return block
 
     def _resolve(self, name: str) -> tuple[str, object] | None:
         m = _LAYER_RE.match(name)
@@ -299,11 +328,10 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         """A checkpoint name -> (our parameter name, shard id), or None for entries to skip."""
         if name.endswith("rotary_emb.inv_freq"):
             return None
+        expert = expert_params_mapping(name)
+        if expert is not None:
+            return expert
         parts = name.split(".")
-        if "experts" in parts and "shared_experts" not in parts:
-            from fastdeploy.model_executor.layers.fused_moe import expert_params_mapping
-
-            return expert_params_mapping(name)
         if len(parts) >= 2 and parts[-2] in _STACKED:
             fused, shard = _STACKED[parts[-2]]
             return ".".join(parts[:-2] + [fused, parts[-1]]), shard

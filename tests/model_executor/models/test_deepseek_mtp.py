@@ -34,7 +34,7 @@ def mtp_checkpoint(tmp_path_factory):
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
 
     path = build_tiny_checkpoint("DeepseekV3ForCausalLM", tmp_path_factory.mktemp("dsv3_mtp"),
-                                 num_hidden_layers=NUM_LAYERS, num_nextn_predict_layers=1, first_k_dense_replace=3)
+                                 num_hidden_layers=NUM_LAYERS, num_nextn_predict_layers=1)
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path)
@@ -42,10 +42,23 @@ def mtp_checkpoint(tmp_path_factory):
     torch.manual_seed(7)
     block = DeepseekV3DecoderLayer(config, layer_idx=NUM_LAYERS).eval()
     _randomize(block, torch)
+    block.mlp.gate.e_score_correction_bias.copy_(0.2 * torch.randn(config.n_routed_experts))  # a buffer in HF
     target = load_file(f"{path}/model.safetensors")
     hidden = config.hidden_size
     prefix = f"model.layers.{NUM_LAYERS}."
-    tensors = {prefix + k: v.detach().clone().contiguous() for k, v in block.state_dict().items()}
+    tensors = {}
+    for k, v in block.state_dict().items():
+        v = v.detach().clone()
+        if k.endswith("experts.gate_up_proj"):  # transformers' in-memory stacking -> DeepSeek's per-expert names
+            inter = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                tensors[f"{prefix}mlp.experts.{e}.gate_proj.weight"] = v[e, :inter].contiguous()
+                tensors[f"{prefix}mlp.experts.{e}.up_proj.weight"] = v[e, inter:].contiguous()
+        elif k.endswith("experts.down_proj"):
+            for e in range(v.shape[0]):
+                tensors[f"{prefix}mlp.experts.{e}.down_proj.weight"] = v[e].contiguous()
+        else:
+            tensors[prefix + k] = v.contiguous()
     tensors |= {
         prefix + "enorm.weight": 1.0 + 0.1 * torch.randn(hidden),
         prefix + "hnorm.weight": 1.0 + 0.1 * torch.randn(hidden),
@@ -96,8 +109,13 @@ def test_mtp_module_matches_reference(mtp_checkpoint):
     p = f"model.layers.{NUM_LAYERS}."
     np.testing.assert_array_equal(weights[p + "eh_proj.weight"], tensors[p + "eh_proj.weight"].numpy().T)
     np.testing.assert_array_equal(weights[p + "hnorm.weight"], tensors[p + "hnorm.weight"].numpy())
-    gate_up = weights[p + "mlp.gate_up_proj.weight"]
-    np.testing.assert_array_equal(gate_up[:, : gate_up.shape[1] // 2], tensors[p + "mlp.gate_proj.weight"].numpy().T)
+    gate_up = weights[p + "mlp.shared_experts.gate_up_proj.weight"]
+    np.testing.assert_array_equal(gate_up[:, : gate_up.shape[1] // 2],
+                                  tensors[p + "mlp.shared_experts.gate_proj.weight"].numpy().T)
+    np.testing.assert_array_equal(weights[p + "mlp.gate.e_score_correction_bias"],
+                                  tensors[p + "mlp.gate.e_score_correction_bias"].numpy())
+    w13, _ = mtp.model.layers[str(NUM_LAYERS)].mlp.experts.dense_weights()
+    np.testing.assert_array_equal(w13.numpy()[5, 32:], tensors[p + "mlp.experts.5.up_proj.weight"].numpy())
     # Shared, not copied: no embedding or head of its own.
     assert not any("embed_tokens" in n or "shared_head.head" in n for n in weights)
     assert mtp.get_kv_cache_spec() == [MLAAttentionSpec(1, 48, "float32")]
