@@ -272,3 +272,20 @@ def test_kv_cache_memory_bytes_buys_latent_blocks(tiny):
     assert num_blocks == budget // per_block
     worker.initialize_cache(num_blocks)
     assert [[list(t.shape) for t in layer] for layer in worker.model_runner.kv_caches] == [[[num_blocks, 16, 1, 48]]] * 3
+
+
+def test_bfloat16_latent_cache(tmp_path):
+    """bf16: the latent cache is bf16 (half the bytes) and written bit-exactly; logits stay near fp32.
+
+    Dense layers only: on random tiny weights bf16 rounding flips near-tied expert choices, which
+    says nothing about the attention.
+    """
+    path = build_tiny_checkpoint("DeepseekV3ForCausalLM", tmp_path, num_hidden_layers=2, first_k_dense_replace=2)
+    bf16, fp32 = load_our_model(path, dtype="bfloat16"), load_our_model(path)
+    assert bf16.get_kv_cache_spec() == [MLAAttentionSpec(1, 48, "bfloat16")] * 2
+    assert bf16.get_kv_cache_spec()[0].page_size_bytes(16) == 16 * 48 * 2
+    prompt = _prompt(10, seed=60)
+    np.testing.assert_allclose(prefill_logits(bf16, prompt), prefill_logits(fp32, prompt), atol=0.05, rtol=0)
+    got, _ = greedy_generate(bf16, prompt, 8, block_size=4, prefill_chunk=4)
+    want, _ = greedy_generate(fp32, prompt, 8, block_size=4)
+    assert got[:3] == want[:3]

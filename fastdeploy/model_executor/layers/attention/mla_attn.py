@@ -26,6 +26,31 @@ from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadat
 from fastdeploy.model_executor.layers.attention.paddle_attn import _causal_mask
 
 
+class _LatentRows:
+    """The cache as ``[slots, r + rope]`` rows: written at slots, gathered by slot, read back as fp32.
+
+    Paddle's CPU scatter kernel takes no bfloat16, so a bf16 cache is written as int32 words (two
+    bf16 values each, an exact bit copy) through a view of the same memory.
+    """
+
+    def __init__(self, cache: paddle.Tensor, latent_size: int) -> None:
+        self.dtype = cache.dtype
+        self.rows = cache.reshape([-1, latent_size])  # a view: writes land in the cache
+        self.bits = self.rows.view("int32") if self.dtype == paddle.bfloat16 else self.rows
+
+    def write(self, slots: paddle.Tensor, latent: paddle.Tensor) -> paddle.Tensor:
+        """Store ``latent`` ``[T, r + rope]`` at ``slots``; returns it as stored, fp32."""
+        stored = latent.astype(self.dtype) if latent.dtype != self.dtype else latent
+        words = stored.view("int32") if self.dtype == paddle.bfloat16 else stored
+        paddle.scatter_(self.bits, slots, words, overwrite=True)
+        return stored.astype("float32") if stored.dtype != paddle.float32 else stored
+
+    def gather(self, slots: paddle.Tensor) -> paddle.Tensor:
+        """Rows at ``slots`` (any shape ``S``) -> ``[*S, r + rope]`` fp32."""
+        out = F.embedding(slots, self.rows)
+        return out.astype("float32") if out.dtype != paddle.float32 else out
+
+
 class MLAAttentionImpl:
     """The attention core of one MLA layer: cache write, naive prefill, absorbed (or naive) decode.
 
@@ -79,14 +104,12 @@ class MLAAttentionImpl:
         """
         md = attn_metadata
         cache = kv_cache[0]
-        rows = cache.reshape([-1, self.latent_size])  # [slots, r + rope], a view of the cache
-        if latent.dtype != cache.dtype:  # a bf16 cache under fp32 activations
-            latent = latent.astype(cache.dtype)
-        paddle.scatter_(rows, md.slot_mapping, latent, overwrite=True)
+        rows = _LatentRows(cache, self.latent_size)
+        latent = rows.write(md.slot_mapping, latent)
         outs = []
         nd = md.num_decodes
         if nd:
-            ctx = F.embedding(md.decode_slots, rows).astype("float32")  # [nd, L, r + rope]
+            ctx = rows.gather(md.decode_slots)  # [nd, L, r + rope]
             mask = md.decode_mask.reshape([nd, 1, -1])  # [nd, 1, L]
             qd = q[:nd]
             if self.absorbed_decode:
@@ -96,9 +119,9 @@ class MLAAttentionImpl:
         for p in md.prefills:
             end = p.query_start + p.query_len
             fresh = p.context_len == p.query_len
-            ctx = latent[p.query_start : end] if fresh else F.embedding(p.context_slots, rows)
+            ctx = latent[p.query_start : end] if fresh else rows.gather(p.context_slots)
             mask = p.causal_mask if p.causal_mask is not None else _causal_mask(p.query_len, p.context_len)
-            out = self.attend_naive(q[p.query_start : end].unsqueeze(0), ctx.astype("float32").unsqueeze(0),
+            out = self.attend_naive(q[p.query_start : end].unsqueeze(0), ctx.unsqueeze(0),
                                     kv_b_proj, mask.unsqueeze(0))
             outs.append(out)
         if not outs:
