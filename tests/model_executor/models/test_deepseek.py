@@ -289,3 +289,23 @@ def test_bfloat16_latent_cache(tmp_path):
     got, _ = greedy_generate(bf16, prompt, 8, block_size=4, prefill_chunk=4)
     want, _ = greedy_generate(fp32, prompt, 8, block_size=4)
     assert got[:3] == want[:3]
+
+
+def test_llm_engine_serves_deepseek_with_prefix_cache(tiny):
+    """Through the real engine (scheduler, model runner, latent-sized blocks): greedy == transformers, and a
+    request sharing a cached prefix gets a hit and the same tokens."""
+    from fastdeploy import LLM, SamplingParams
+
+    _, _, hf, path = tiny
+    llm = LLM(model=path, skip_tokenizer_init=True, dtype="float32", kv_cache_memory_bytes=1 << 20, block_size=16,
+              max_model_len=256)
+    assert llm.llm_engine.engine_core.fd_config.cache_config.num_blocks == (1 << 20) // (3 * 16 * 48 * 4)
+    sp = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    prompts = [_prompt(40, seed=70), _prompt(9, seed=71)]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    for p, out in zip(prompts, outs, strict=True):
+        assert list(out.outputs[0].token_ids) == hf_greedy(hf, p, 32)
+    shared = prompts[0][:32] + [7, 8, 9]
+    again = llm.generate([{"prompt_token_ids": shared}], sp, use_tqdm=False)[0]
+    assert again.num_cached_tokens == 32
+    assert list(again.outputs[0].token_ids) == hf_greedy(hf, shared, 32)
