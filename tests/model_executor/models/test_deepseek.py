@@ -309,3 +309,11 @@ def test_llm_engine_serves_deepseek_with_prefix_cache(tiny):
     again = llm.generate([{"prompt_token_ids": shared}], sp, use_tqdm=False)[0]
     assert again.num_cached_tokens == 32
     assert list(again.outputs[0].token_ids) == hf_greedy(hf, shared, 32)
+
+
+def test_kv_connectors_refuse_the_latent_cache():
+    from fastdeploy.distributed.kv_transfer.utils import numpy_kv_caches
+
+    latent = MLAAttentionSpec(1, 48).allocate(4, 16)
+    with pytest.raises(ValueError, match="latent"):
+        numpy_kv_caches([latent, latent])
