@@ -317,3 +317,34 @@ def test_kv_connectors_refuse_the_latent_cache():
     latent = MLAAttentionSpec(1, 48).allocate(4, 16)
     with pytest.raises(ValueError, match="latent"):
         numpy_kv_caches([latent, latent])
+
+
+def test_real_v2_lite_config_fields():
+    """DeepSeek-V2-Lite's own config.json fields: accepted, YaRN's mscale ** 2 in the softmax scale, latent
+    bytes per block, dense layer 0 then MoE (and moe_layer_freq spacing the MoE layers)."""
+    import math
+
+    import transformers
+
+    from fastdeploy.model_executor.models.deepseek_v2 import check_supported, is_moe_layer, mla_softmax_scale
+
+    config = transformers.DeepseekV2Config(
+        vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
+        num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
+        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, n_shared_experts=2,
+        num_experts_per_tok=6, first_k_dense_replace=1, moe_layer_freq=1, routed_scaling_factor=1.0,
+        topk_method="greedy", norm_topk_prob=False, scoring_func="softmax", n_group=1, topk_group=1,
+        max_position_embeddings=163840,
+        rope_scaling={"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32,
+                      "beta_slow": 1, "original_max_position_embeddings": 4096, "rope_theta": 10000},
+    )  # fmt: skip
+    config.architectures = ["DeepseekV2ForCausalLM"]
+    config.ep_size = 1
+    check_supported(config)
+    m = 0.1 * 0.707 * math.log(40) + 1.0
+    assert mla_softmax_scale(config) == pytest.approx(192**-0.5 * m * m)
+    assert [is_moe_layer(config, i) for i in range(4)] == [False, True, True, True]
+    config.moe_layer_freq = 2
+    assert [is_moe_layer(config, i) for i in range(5)] == [False, False, True, False, True]
+    # 27 layers x 16 tokens x (512 + 64) bf16 values: 486 KiB a block (full K/V of 16 heads: 2.6 MiB).
+    assert MLAAttentionSpec(1, 576, "bfloat16").page_size_bytes(16) * 27 == 27 * 16 * 576 * 2
