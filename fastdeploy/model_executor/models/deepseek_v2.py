@@ -6,7 +6,8 @@
   latents with ``kv_b_proj`` absorbed into the query and the output. ``q_lora_rank`` may be
   None (V2-Lite: one ``q_proj``). RoPE covers the ``qk_rope_head_dim`` part only, GPT-J
   (interleaved) pairs unless a V3 config sets ``rope_interleave: false``; YaRN configs also
-  scale the softmax by ``mscale(factor, mscale_all_dim) ** 2``, as DeepSeek does.
+  scale the softmax by ``mscale(factor, mscale_all_dim) ** 2``, as DeepSeek's reference code and
+  vLLM do for V2 and V3 (transformers 5.3 does it for V3 only).
 - Layers ``i >= first_k_dense_replace`` with ``i % moe_layer_freq == 0`` are MoE (routed
   experts + shared experts), the others a dense SwiGLU MLP.
 - ``model.layers.{num_hidden_layers + k}`` are V3's multi-token-prediction modules: the target
@@ -25,7 +26,6 @@ from typing import Any
 import paddle
 from paddle import nn
 
-from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.layers.attention.kv_cache_spec import MLAAttentionSpec
 from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
 from fastdeploy.model_executor.layers.attention.mla_attn import MLAAttentionImpl
@@ -39,8 +39,6 @@ from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead, Voc
 from fastdeploy.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
 from fastdeploy.model_executor.models.moe import COMMON_CHECKS, MoEModelMixin, SparseMoeBlock, refuse_unsupported
 from fastdeploy.model_executor.utils import new_parameter
-
-logger = init_logger(__name__)
 
 _ROPE_TYPES = ("default", "linear", "yarn", "deepseek_yarn")
 
@@ -94,11 +92,10 @@ def mla_softmax_scale(hf_config: Any) -> float:
     """``qk_head_dim ** -0.5``, times ``mscale(factor, mscale_all_dim) ** 2`` under YaRN."""
     scale = (hf_config.qk_nope_head_dim + hf_config.qk_rope_head_dim) ** -0.5
     scaling = _rope_scaling(hf_config)
-    if scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        mscale_all_dim = scaling.get("mscale_all_dim", 0)
-        if mscale_all_dim:
-            m = yarn_get_mscale(float(scaling["factor"]), float(mscale_all_dim))
-            scale *= m * m
+    mscale_all_dim = scaling.get("mscale_all_dim", 0)
+    if _rope_type(scaling) != "default" and mscale_all_dim:
+        m = yarn_get_mscale(float(scaling.get("factor") or 1.0), float(mscale_all_dim))
+        scale *= m * m
     return scale
 
 
@@ -106,7 +103,7 @@ def mla_rope(hf_config: Any, dtype: str, is_neox_style: bool) -> RotaryEmbedding
     """The rotary embedding of the ``qk_rope_head_dim`` part (shared by every layer)."""
     scaling = _rope_scaling(hf_config)
     base = float(scaling.pop("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
-    if scaling.get("rope_type", scaling.get("type")) == "default":
+    if _rope_type(scaling) == "default":
         scaling = {}
     rd = hf_config.qk_rope_head_dim
     return get_rope(rd, hf_config.max_position_embeddings, base=base, rope_scaling=scaling or None,
