@@ -296,7 +296,9 @@ def test_llm_engine_serves_deepseek_with_prefix_cache(tiny):
     request sharing a cached prefix gets a hit and the same tokens."""
     from fastdeploy import LLM, SamplingParams
 
-    _, _, hf, path = tiny
+    arch, _, hf, path = tiny
+    if arch != "DeepseekV3ForCausalLM":
+        pytest.skip("one engine start is enough for the suite: V2 differs only inside the model, tested above")
     llm = LLM(model=path, skip_tokenizer_init=True, dtype="float32", kv_cache_memory_bytes=1 << 20, block_size=16,
               max_model_len=256)
     assert llm.llm_engine.engine_core.fd_config.cache_config.num_blocks == (1 << 20) // (3 * 16 * 48 * 4)
