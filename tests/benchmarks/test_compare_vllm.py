@@ -72,6 +72,20 @@ def test_llama_server_command_serves_the_same_file_on_the_engines_threads_and_co
     assert "--cpu-mask" not in compare_vllm.llama_cpp_command("b", "m", 1, 2, None, 16, 1024, [])
 
 
+def test_llama_cpps_output_tokens_are_recounted_from_its_own_metrics():
+    """vLLM's client re-tokenizes llama.cpp's text (its usage chunk is skipped); the server's count replaces it."""
+    result = {"completed": 2, "failed": 0, "duration": 10.0, "total_input_tokens": 100, "total_output_tokens": 345,
+              "output_throughput": 34.5, "median_tpot_ms": 5.0, "latencies": [3.0, 5.0], "ttfts": [0.46, 1.19]}
+    fixed = compare_vllm.recount_output_tokens(dict(result), 256.0, 128)
+    assert fixed["total_output_tokens"] == 256 and fixed["output_throughput"] == 25.6
+    assert fixed["median_tpot_ms"] == pytest.approx((20.0 + 30.0) / 2)  # (3-0.46)/127 s and (5-1.19)/127 s
+    assert fixed["output_tokens_recount"] == {"client_count": 345, "server_count": 256.0, "recomputed": True}
+    uneven = compare_vllm.recount_output_tokens(dict(result), 250.0, 128)  # not 128 each: only recorded
+    assert uneven["output_throughput"] == 34.5 and uneven["output_tokens_recount"]["recomputed"] is False
+    assert "output_tokens_recount" not in compare_vllm.recount_output_tokens(dict(result), 345.0, 128)
+    assert "--metrics" in compare_vllm.llama_cpp_command("b", "m", 1, 1, None, 16, 2048, [])
+
+
 def test_llama_server_build_follows_the_issue_and_a_cached_binary_is_reused(tmp_path, monkeypatch):
     configure, build = compare_vllm.llama_cpp_build_commands(2)
     assert configure[:3] == ["cmake", "-B", "build"] and "-DGGML_NATIVE=ON" in configure
@@ -121,7 +135,11 @@ def test_vllms_client_drives_every_server_with_sharegpt_prompts(tmp_path):
     assert arg == {"--backend": "openai", "--port": "8123", "--model": compare_vllm.DEFAULT_MODEL_NAME,
                    "--tokenizer": "/hf", "--dataset-name": "sharegpt", "--dataset-path": str(dataset),
                    "--sharegpt-output-len": "128", "--max-concurrency": "1", "--num-prompts": "8"}
-    assert "--ignore-eos" in cmd
+    assert "--ignore-eos" in cmd and "--temperature" not in cmd
+    greedy = compare_vllm.parse_args(["--temperature", "0"])
+    random_c1 = compare_vllm.Scenario("random-c1", "random", 1, 8)
+    cmd = compare_vllm.client_command("vllm", random_c1, 8123, greedy, str(tmp_path), "r.json", "fd", "/hf")
+    assert cmd[cmd.index("--temperature") + 1] == "0.0"
     ours = compare_vllm.client_command("fastdeploy", scenario, 8123, args, str(tmp_path), "r.json", "fd", "/hf")
     assert ours[:3] == [sys.executable, "-m", "fastdeploy.entrypoints.cli.main"] and "--tokenizer" not in ours
     assert ours[ours.index("--sharegpt-output-len") + 1] == "128"
