@@ -6,12 +6,14 @@ minutes; only an interleaved comparison is fair). A step is the engine's whole
 ``ModelRunner.execute_model``: inputs and metadata, forward, LM head on the sampled rows,
 greedy sampling.
 
+The first three dequantize the GGUF at load (``--quantization none``).
+
 - ``paddle-fp32``: plain Paddle ops (the model is loaded and first run inside
   ``set_op_backend(OpBackend())``, which is what FD_CPU_KERNELS=0 gives a whole process);
 - ``kernels-fp32``: the C++ kernels with fp32 weights (``--dtype float32``);
 - ``kernels-bf16``: the C++ kernels with bf16 weights and KV cache (``--dtype auto`` where a
   bf16 kernel is built: oneDNN on AMX / AVX512-BF16, the panel kernel on AVX2);
-- ``gguf``: ``--quantization gguf``, the file's Q4_1 / Q8_0 blocks multiplied by the block
+- ``gguf``: ``--quantization gguf`` (a GGUF file's default), the file's Q4_1 / Q8_0 blocks multiplied by the block
   kernels (csrc/cpu/gguf_gemm.cc), bf16 KV cache where kernels-bf16 has one.
 
 Figures (medians): decode step at batch 1 and 16, each sequence with ``--context`` tokens of
@@ -35,9 +37,9 @@ import subprocess
 import sys
 import time
 
-# name -> (dtype, quantization)
-CONFIGS = {"paddle-fp32": ("float32", None), "kernels-fp32": ("float32", None), "kernels-bf16": ("bfloat16", None),
-           "gguf": ("auto", "gguf")}
+# name -> (dtype, quantization); "none": the GGUF file dequantized at load (without -q it is served in its blocks).
+CONFIGS = {"paddle-fp32": ("float32", "none"), "kernels-fp32": ("float32", "none"),
+           "kernels-bf16": ("bfloat16", "none"), "gguf": ("auto", "gguf")}
 
 
 class Setup:

@@ -1,6 +1,7 @@
 """Offline throughput: FastDeploy's LLM.generate vs Hugging Face transformers' batched generate.
 
-Same model (the embedded SmolLM2-135M-Instruct GGUF, dequantized to fp32), same
+Same model (the embedded SmolLM2-135M-Instruct GGUF: FastDeploy with its default flags, which serve a
+GGUF in its own blocks, ``--quantization none`` dequantizes it; transformers dequantized to fp32), same
 random prompts, measured one after the other in one run. Writes JSON.
 
     python benchmarks/benchmark_offline_throughput.py --num-prompts 64 --input-len 256 --output-len 128
@@ -102,7 +103,7 @@ def main() -> None:
         results.append(run_transformers(prompts, args.output_len, args.hf_batch_size))
     report = {
         "benchmark": "offline_throughput",
-        "model": "SmolLM2-135M-Instruct (GGUF Q4_1 dequantized, fp32)",
+        "model": "SmolLM2-135M-Instruct (GGUF Q4_1: FastDeploy's default flags, transformers dequantized fp32)",
         "num_prompts": args.num_prompts,
         "input_len": args.input_len,
         "output_len": args.output_len,

@@ -79,10 +79,11 @@ def perplexity(llm, windows: list[list[int]]) -> tuple[float, int]:
     return math.exp(total / count), count
 
 
-# The file dequantized at load in fp32 (the reference) and in bf16, and kept in its blocks (-q gguf).
+# The file dequantized at load (-q none) in fp32 (the reference) and in bf16, and kept in its blocks
+# (-q gguf, a GGUF file's default).
 CONFIGS: dict[str, dict[str, str]] = {
-    "float32": {"dtype": "float32"},
-    "bfloat16": {"dtype": "bfloat16"},
+    "float32": {"dtype": "float32", "quantization": "none"},
+    "bfloat16": {"dtype": "bfloat16", "quantization": "none"},
     "gguf": {"quantization": "gguf"},
 }
 

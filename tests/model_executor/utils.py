@@ -129,12 +129,14 @@ def load_our_model(path: str, gguf_file: str | None = None, load_format: str = "
     """Our model of a checkpoint folder (or GGUF file in it) through ModelConfig + get_model.
 
     float32 by default: the comparisons against transformers' fp32 forward need it ("auto"
-    picks bfloat16 on CPUs with bf16 units).
+    picks bfloat16 on CPUs with bf16 units), and a GGUF file dequantized (``quantization="none"``,
+    not the GGUF default of served engines, ``quantization="gguf"``).
     """
     from fastdeploy.config import LoadConfig, ModelConfig
     from fastdeploy.model_executor.model_loader import get_model
 
-    model_config = ModelConfig(model=os.path.join(path, gguf_file) if gguf_file else path, dtype=dtype)
+    model_config = ModelConfig(model=os.path.join(path, gguf_file) if gguf_file else path, dtype=dtype,
+                               quantization="none")
     return get_model(model_config, LoadConfig(load_format=load_format))
 
 

@@ -90,10 +90,15 @@ def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -
     Raises:
         ValueError: the model class or the load format cannot take the quantization.
     """
+    from fastdeploy.model_executor.layers.quantization import (
+        NO_QUANTIZATION,
+        checkpoint_quantization_config,
+        get_quantization_config,
+    )
+
     name = getattr(model_config, "quantization", None)
-    if name is None:
+    if name in (None, NO_QUANTIZATION):
         return {}
-    from fastdeploy.model_executor.layers.quantization import get_quantization_config
 
     if "quant_config" not in inspect.signature(model_cls.__init__).parameters:
         raise ValueError(f"quantization={name!r} is not built for {model_cls.__name__}; "
@@ -101,7 +106,8 @@ def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -
     if load_format == "dummy":
         raise ValueError(f"quantization={name!r} loads its weights from the checkpoint; load_format='dummy' "
                          "has none to keep.")
-    quant_config = get_quantization_config(name).from_config({})
+    # The checkpoint's own quantization_config (bits, group size...) where it has one; -q alone gives {}.
+    quant_config = get_quantization_config(name).from_config(checkpoint_quantization_config(model_config.hf_config) or {})
     logger.info("Quantization: %s.", quant_config)
     return {"quant_config": quant_config}
 

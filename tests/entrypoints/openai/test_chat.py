@@ -8,7 +8,9 @@ from remote_server import MODEL_NAME
 
 pytestmark = pytest.mark.slow
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# A phrasing both the GGUF default and the dequantized path answer with Paris (tests/entrypoints/test_llm.py:
+# "What is the capital of France?" sits on a near-tie that the GGUF blocks flip).
+QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 
 
 def test_chat_greedy_answer(client):
@@ -80,7 +82,7 @@ def test_continue_final_message_and_echo(server):
 def test_content_parts(client):
     chat = client.chat.completions.create(
         model=MODEL_NAME, max_tokens=20, temperature=0,
-        messages=[{"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}])
+        messages=[{"role": "user", "content": [{"type": "text", "text": QUESTION[0]["content"]}]}])
     assert chat.choices[0].message.content == "The capital of France is Paris."
 
 

@@ -3,12 +3,15 @@
 Without ``--quantization`` every layer runs :class:`~fastdeploy.model_executor.layers.linear.UnquantizedLinearMethod`;
 the platform refuses a ``--quantization`` it does not list (``Platform.supported_quantization``).
 A format registers its :class:`QuantizationConfig` with :func:`register_quantization_config`.
-Built: ``gguf`` (:mod:`.gguf`, GGUF files served in their own blocks).
+Built: ``gguf`` (:mod:`.gguf`, GGUF files served in their own blocks; a GGUF file's default, as in vLLM).
+``none`` (:data:`NO_QUANTIZATION`) asks for no method at all: a GGUF file is then dequantized at load.
+Which method a model gets is decided once at start-up (:mod:`.selection`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
@@ -16,6 +19,8 @@ _QUANTIZATION_CONFIGS: dict[str, type[QuantizationConfig]] = {}
 # The formats of this package, imported on first use: they import the layers, which import this package.
 _BUILTIN_MODULES = ("fastdeploy.model_executor.layers.quantization.gguf",)
 _builtins_loaded = False
+# --quantization none: no method, whatever the checkpoint would default to (a GGUF file is dequantized at load).
+NO_QUANTIZATION = "none"
 
 
 def _load_builtins() -> None:
@@ -54,9 +59,30 @@ def get_quantization_config(name: str) -> type[QuantizationConfig]:
     return _QUANTIZATION_CONFIGS[name]
 
 
+def checkpoint_quantization_config(hf_config: Any) -> dict[str, Any] | None:
+    """The ``quantization_config`` of a checkpoint's config.json as a dict, or None when it has none."""
+    value = getattr(hf_config, "quantization_config", None)
+    if value is None:
+        return None
+    return dict(value) if isinstance(value, dict) else dict(value.to_dict())
+
+
+def checkpoint_quant_method(hf_config: Any) -> str | None:
+    """The method a checkpoint says it is quantized with: ``quant_method`` (Hugging Face / vLLM) or
+    ``quantization`` (FastDeploy's own checkpoints); None for an unquantized checkpoint."""
+    config = checkpoint_quantization_config(hf_config)
+    if not config:
+        return None
+    method = config.get("quant_method") or config.get("quantization")
+    return str(method).lower() if method else None
+
+
 __all__ = [
+    "NO_QUANTIZATION",
     "QuantizationConfig",
     "QuantizeMethodBase",
+    "checkpoint_quant_method",
+    "checkpoint_quantization_config",
     "get_quantization_config",
     "get_quantization_methods",
     "register_quantization_config",

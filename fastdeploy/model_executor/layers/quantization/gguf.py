@@ -7,12 +7,13 @@ The token embedding dequantizes only the rows it looks up, and a tied LM head mu
 with the embedding's own blocks (no second copy of the table).
 
 Supported types: :data:`GGUF_KERNEL_TYPES`. A matrix of any other type (F16 included) is
-refused when the model loads, naming the tensor; serve such a file without
-``--quantization`` (dequantized at load) instead.
+refused at start-up, naming the tensor (:func:`check_tensor_types`); a GGUF file is served in
+its blocks by default, ``--quantization none`` dequantizes it at load instead.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -49,12 +50,33 @@ def check_blocks(loaded: Any, where: str, shape: tuple[int, int]) -> GGUFBlocks:
     if loaded.ggml_type not in GGUF_KERNEL_TYPES:
         raise ValueError(
             f"GGUF tensor {loaded.name!r} has type {loaded.type_name}, which quantization='gguf' has no kernel for; "
-            f"supported: {', '.join(GGUF_KERNEL_TYPES.values())}. Serve the file without --quantization "
+            f"supported: {', '.join(GGUF_KERNEL_TYPES.values())}. Serve the file with --quantization none "
             "to dequantize it at load instead."
         )
     if tuple(loaded.shape) != tuple(shape):
         raise ValueError(f"Shape mismatch loading {where}: checkpoint has {loaded.shape}, model expects {shape}.")
     return loaded
+
+
+def check_tensor_types(path: str) -> None:
+    """Refuse, from the file's header alone, a GGUF file with a matrix of a type the kernels do not multiply.
+
+    Raises:
+        ValueError: naming each such tensor with its type, and the supported types.
+    """
+    from fastdeploy.model_executor.model_loader.weight_utils import gguf_to_hf_name
+    from fastdeploy.transformers_utils.gguf_utils import ggml_type_name, read_gguf_tensor_infos
+
+    # The loader keeps the matrices of the model (2-D, with a Hugging Face name) as blocks.
+    bad = [f"{info.name!r} ({ggml_type_name(info.ggml_type)})" for info in read_gguf_tensor_infos(path)
+           if len(info.dims) == 2 and info.ggml_type not in GGUF_KERNEL_TYPES and gguf_to_hf_name(info.name)]
+    if bad:
+        shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+        raise ValueError(
+            f"GGUF tensor {shown} of {os.path.basename(path)} has a type that quantization='gguf' has no kernel "
+            f"for; supported: {', '.join(GGUF_KERNEL_TYPES.values())}. Serve the file with --quantization none "
+            "to dequantize it at load instead."
+        )
 
 
 def random_blocks(ggml_type: int, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -120,6 +142,7 @@ class GGUFConfig(QuantizationConfig):
                 f"quantization='gguf' needs a GGUF file, and {model_config.model!r} is not one; "
                 "give the path of a .gguf file (or drop --quantization)."
             )
+        check_tensor_types(os.path.join(model_config.model_path, model_config.gguf_file))
 
     def get_quant_method(self, layer: nn.Layer, prefix: str) -> QuantizeMethodBase | None:
         from fastdeploy.model_executor.layers.vocab_embedding import VocabParallelEmbedding
