@@ -21,6 +21,9 @@ context, and the prefill of one ``--prefill-len``-token prompt; one process per 
 Beside them, per GGUF format, the matmuls of one decode step (M = 1, LM head included) and of a
 ``--prefill-len``-token prefill (LM head excluded) at the default model's shapes, block kernel
 against the bf16 linear kernel, and the peak RSS of each configuration's engine in a fresh process.
+MoE rows (``--moe-only`` for just those): ``--moe-layers`` MoE layers at ERNIE-4.5-21B-A3B's and
+Qwen3-30B-A3B's shapes on dummy bf16 weights against dense SwiGLU layers with the same active
+parameters, batch 1 and 16.
 
     python benchmarks/benchmark_kernels.py --threads 1 2
 """
@@ -195,6 +198,85 @@ def measure_formats(prefill_len: int) -> dict:
     return {"kernel_path": get_op_backend().gguf, "rows": rows, "note": note}
 
 
+# Real MoE layer shapes: (hidden, experts, top-k, expert intermediate, shared experts' intermediate).
+MOE_SHAPES = {
+    "ERNIE-4.5-21B-A3B": (2560, 64, 6, 1536, 2 * 1536),
+    "Qwen3-30B-A3B": (2048, 128, 8, 768, 0),
+}
+
+
+def measure_moe(num_layers: int, reps: int) -> dict:
+    """Child process: MoE layers at real shapes on dummy bf16 weights vs a dense SwiGLU of the same active size.
+
+    An MoE layer is the fp32 router matmul, softmax top-k, ``fd_fused_moe`` (and the shared experts'
+    SwiGLU); the dense layer has ``top_k * I (+ shared)`` intermediate columns, the parameters one token
+    uses in the MoE layer. Routing is random (uniform over experts: at batch 16 most experts are hit,
+    the worst case for the weight reads). The two take turns rep by rep over ``num_layers`` layers.
+    """
+    rows = {model: _moe_row(*shape, num_layers, reps) for model, shape in MOE_SHAPES.items()}
+    return {"rows": rows, "note": "median ms of the layers' forward (bf16 weights), MoE and dense taking turns"}
+
+
+def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_layers: int, reps: int) -> dict:
+    import numpy as np
+    import paddle
+
+    from fastdeploy import _custom_ops as ops
+    from fastdeploy.model_executor.layers.fused_moe import select_experts
+
+    rng = np.random.default_rng(0)
+
+    def packed(k: int, n: int, dtype: str = "bfloat16") -> paddle.Tensor:
+        return ops.linear_pack(paddle.to_tensor((rng.standard_normal((k, n)) * 0.02).astype(np.float32)), dtype)
+
+    def swiglu(x: paddle.Tensor, gate_up: paddle.Tensor, down: paddle.Tensor, n: int) -> paddle.Tensor:
+        return ops.linear(ops.silu_and_mul(ops.linear(x, gate_up, None, 2 * n, "bfloat16")), down, None, h, "bfloat16")
+
+    layers = []
+    for _ in range(num_layers):  # expert by expert: no fp32 copy of a whole layer
+        w13 = paddle.stack([packed(h, 2 * inter) for _ in range(experts)])
+        w2 = paddle.stack([packed(inter, h) for _ in range(experts)])
+        shared_w = (packed(h, 2 * shared), packed(shared, h)) if shared else None
+        layers.append((packed(h, experts, "float32"), w13, w2, shared_w))
+    dense_inter = top_k * inter + shared
+    dense = [(packed(h, 2 * dense_inter), packed(dense_inter, h)) for _ in range(num_layers)]
+
+    def moe_step(x: paddle.Tensor) -> None:
+        for gate, w13, w2, shared_w in layers:
+            weights, ids = select_experts(ops.linear(x, gate, None, experts, "float32"), top_k, True)
+            out = ops.fused_moe(x, ids, weights, w13, w2, inter, "bfloat16")
+            if shared_w is not None:
+                out = out + swiglu(x, *shared_w, shared)
+
+    def dense_step(x: paddle.Tensor) -> None:
+        for gate_up, down in dense:
+            swiglu(x, gate_up, down, dense_inter)
+
+    row = {"hidden": h, "experts": experts, "top_k": top_k, "moe_intermediate": inter, "shared_intermediate": shared,
+           "dense_intermediate": dense_inter, "layers": num_layers}
+    for batch in (1, 16):
+        x = paddle.to_tensor(rng.standard_normal((batch, h)).astype(np.float32))
+        moe_step(x), dense_step(x)  # warm-up (oneDNN primitives)
+        times: dict[str, list[float]] = {"moe": [], "dense": []}
+        for _ in range(reps):
+            for name, step in (("moe", moe_step), ("dense", dense_step)):
+                t0 = time.perf_counter()
+                step(x)
+                times[name].append((time.perf_counter() - t0) * 1e3)
+        moe_ms, dense_ms = statistics.median(times["moe"]), statistics.median(times["dense"])
+        gate = layers[0][0]
+        routing_ms = _median_ms(lambda g=gate, x=x: select_experts(ops.linear(x, g, None, experts, "float32"), top_k,
+                                                                    True), reps) * num_layers
+        # A step reads every hit expert's weights once: the bytes, not the FLOPs, set its time at small batch.
+        hit = len(np.unique(select_experts(ops.linear(x, gate, None, experts, "float32"), top_k, True)[1].numpy()))
+        row[f"batch{batch}"] = {
+            "moe_ms": round(moe_ms, 2), "dense_ms": round(dense_ms, 2), "moe_over_dense": round(moe_ms / dense_ms, 2),
+            "routing_ms": round(routing_ms, 2), "experts_hit_per_layer": hit,
+            "weight_bytes_over_dense": round((hit * 3 * inter + 3 * shared) / (3 * dense_inter), 2),
+        }  # fmt: skip
+    return row
+
+
 def measure_rss(name: str) -> dict:
     """Child process: peak RSS (MB) of one configuration's worker, model and KV cache, built alone."""
     import resource
@@ -223,11 +305,16 @@ def main() -> None:
     parser.add_argument("--prefill-len", type=int, default=256)
     parser.add_argument("--decode-steps", type=int, default=24)
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results", "kernels.json"))
+    parser.add_argument("--moe-layers", type=int, default=2, help="layers of each MoE / dense row (~1.5 GB each)")
+    parser.add_argument("--moe-reps", type=int, default=10)
+    parser.add_argument("--moe-only", action="store_true", help="only the MoE-vs-dense rows (results/kernels_moe.json)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-task", default="steps", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        if args.child_task == "formats":
+        if args.child_task == "moe":
+            print(json.dumps(measure_moe(args.moe_layers, args.moe_reps)))
+        elif args.child_task == "formats":
             print(json.dumps(measure_formats(args.prefill_len)))
         elif args.child_task.startswith("rss:"):
             print(json.dumps(measure_rss(args.child_task[4:])))
@@ -235,6 +322,16 @@ def main() -> None:
             print(json.dumps(measure(args.configs, args.context, args.prefill_len, args.decode_steps)))
         return
 
+    if args.moe_only:
+        moe = {str(t): run_child(t, args, "--moe-layers", str(args.moe_layers), "--moe-reps", str(args.moe_reps),
+                                 "--child-task", "moe") for t in args.threads}
+        print(f"moe: {json.dumps(moe)}", flush=True)
+        output = args.output.replace("kernels.json", "kernels_moe.json")
+        os.makedirs(os.path.dirname(output), exist_ok=True)
+        with open(output, "w", encoding="utf-8") as f:
+            json.dump({"benchmark": "benchmarks/benchmark_kernels.py", "command": " ".join(["python"] + sys.argv),
+                       "machine": {"cpu": _cpu_name(), "cores": os.cpu_count()}, "moe_by_threads": moe}, f, indent=2)
+        return
     results = {}
     for threads in args.threads:
         res = run_child(threads, args)
@@ -244,6 +341,8 @@ def main() -> None:
                 figures = [k for k in res[name] if k.endswith("_ms")]
                 res[name]["speedup_vs_paddle_fp32"] = {k: round(base[k] / res[name][k], 2) for k in figures}
         res["gguf_formats"] = run_child(threads, args, "--child-task", "formats")
+        res["moe_vs_dense"] = run_child(threads, args, "--moe-layers", str(args.moe_layers), "--moe-reps",
+                                        str(args.moe_reps), "--child-task", "moe")
         results[str(threads)] = res
         summary = {n: {k: v for k, v in r.items() if k != "samples"} for n, r in res.items() if isinstance(r, dict)}
         print(f"threads={threads}: {json.dumps(summary)}", flush=True)
