@@ -18,6 +18,9 @@ from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, logprobs_of_rows
 from fastdeploy.model_executor.model_loader import get_model
+from fastdeploy.spec_decode.drafter import Drafter
+from fastdeploy.spec_decode.rejection_sampler import expand_sampling_metadata, verify
+from fastdeploy.spec_decode.spec_batch import output_rows, spec_grammar_rows, write_draft_tokens
 from fastdeploy.worker.input_batch import CachedRequestState, InputBatch
 from fastdeploy.worker.model_runner_output import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
@@ -73,6 +76,8 @@ class ModelRunner:
             self.max_num_reqs, self.max_model_len, -(-self.max_model_len // self.block_size), self.vocab_size
         )
         self._seed = mc.seed
+        # Speculative decoding: the proposer, and the drafts the scheduler sends back verified.
+        self.drafter = Drafter(fd_config) if fd_config.speculative_config is not None else None
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -80,6 +85,8 @@ class ModelRunner:
             paddle.seed(self._seed)
         self.model = get_model(self.model_config, self.fd_config.load_config)
         self.model.eval()
+        if self.drafter is not None:
+            self.drafter.load_model()
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -89,7 +96,8 @@ class ModelRunner:
     def kv_cache_bytes_per_block(self) -> int:
         mc = self.model_config
         itemsize = _DTYPE_BYTES[self.kv_cache_dtype]
-        return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * itemsize
+        own = 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * itemsize
+        return own + (self.drafter.kv_cache_bytes_per_block() if self.drafter is not None else 0)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate K and V per layer as ``[num_blocks, block_size, num_kv_heads, head_dim]``.
@@ -103,11 +111,15 @@ class ModelRunner:
         self.kv_caches = [
             (paddle.empty(shape, dtype=dtype), paddle.empty(shape, dtype=dtype)) for _ in range(mc.num_layers)
         ]
+        if self.drafter is not None:
+            self.drafter.initialize_kv_cache(num_blocks)
 
     # ---- batch state -------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
         for req_id in so.finished_req_ids:
+            if self.drafter is not None:
+                self.drafter.finish_request(req_id, batch)
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
         for req_id in so.preempted_req_ids:
@@ -161,6 +173,9 @@ class ModelRunner:
             req_ids = [req_ids[i] for i in order.tolist()]
             n, rows = n[order], rows[order]
         computed = batch.num_computed_tokens[rows]
+        # Draft tokens to verify sit after each request's known tokens: [last token, d_1..d_k].
+        spec = so.scheduled_spec_decode_tokens
+        num_drafts = write_draft_tokens(batch, spec, req_ids, rows) if spec else None
         cu_end = np.cumsum(n)
         starts = cu_end - n
         seq_lens = computed + n
@@ -170,9 +185,11 @@ class ModelRunner:
         input_ids = batch.token_ids[np.repeat(rows, n), positions]
 
         hidden = self.model(paddle.to_tensor(input_ids), paddle.to_tensor(positions), self.kv_caches, meta)
+        if self.drafter is not None:
+            self.drafter.observe(input_ids, positions, meta)
 
-        # Requests whose chunk reaches their last known token sample the next one.
-        sample_mask = computed + n >= batch.num_tokens[rows]
+        # Requests whose chunk reaches their last known token (and drafts) sample the next one.
+        sample_mask = computed + n >= batch.num_tokens[rows] + (0 if num_drafts is None else num_drafts)
         out = ModelRunnerOutput()
         self._prompt_logprobs(req_ids, rows, computed, n, starts, hidden, out)
         if not sample_mask.any():
@@ -180,7 +197,9 @@ class ModelRunner:
         s_idx = np.flatnonzero(sample_mask)
         s_req_ids = req_ids if len(s_idx) == len(req_ids) else [req_ids[i] for i in s_idx.tolist()]
         s_rows = rows[s_idx]
-        last_rows = cu_end[s_idx] - 1
+        # Logits at the last position of each request, or at every verified position of a spec request.
+        num_pos = None if num_drafts is None else num_drafts[s_idx] + 1
+        last_rows = cu_end[s_idx] - 1 if num_pos is None else output_rows(cu_end[s_idx] - num_pos, num_pos)
         # A decode-only step samples every row in order: no gather needed.
         if len(last_rows) != len(hidden) or last_rows[-1] != len(last_rows) - 1:
             hidden = paddle.gather(hidden, paddle.to_tensor(last_rows))
@@ -188,21 +207,41 @@ class ModelRunner:
         md = batch.make_sampling_metadata(s_rows)
         # Structured outputs: the scheduler's grammar bitmask, reordered to this step's sampled rows.
         md.grammar_bitmask, md.grammar_rows = so.grammar_rows(s_req_ids)
+        if num_pos is not None:
+            md = expand_sampling_metadata(md, num_pos)
+            md.grammar_bitmask, md.grammar_rows = spec_grammar_rows(so, s_req_ids, num_pos)
         # The logits array is this step's own: the sampler may overwrite it instead of copying.
         result = self.sampler(logits, md, inplace=True)
         sampled = result.sampled_token_ids
-        batch.append_sampled(s_rows, sampled)
-        out.sampled_token_ids = dict(zip(s_req_ids, sampled[:, None].tolist(), strict=True))
-        if result.logprobs is not None:
+        lp = result.logprobs
+        if num_pos is None:
+            counts = np.ones(len(s_rows), dtype=np.int64)
+            batch.append_sampled(s_rows, sampled)
+            out.sampled_token_ids = dict(zip(s_req_ids, sampled[:, None].tolist(), strict=True))
+        else:
+            # The accepted drafts and the target's token after them: positions 0..a of each request.
+            counts = verify(sampled, np.fromiter((t for r in s_req_ids for t in spec.get(r, ())), dtype=np.int64),
+                            num_pos - 1).num_accepted + 1
+            keep = output_rows(np.cumsum(num_pos) - num_pos, counts)
+            sampled = sampled[keep]
+            lp = None if lp is None else lp.take(keep)
+            ends = np.cumsum(counts)
+            for j in range(int(counts.max())):
+                has = np.flatnonzero(counts > j)
+                batch.append_sampled(s_rows[has], sampled[ends[has] - counts[has] + j])
+            out.sampled_token_ids = dict(zip(s_req_ids, np.split(sampled, ends[:-1]), strict=True))
+            out.sampled_token_ids = {r: t.tolist() for r, t in out.sampled_token_ids.items()}
+        if lp is not None:
             k = batch.num_logprobs[s_rows]
             with_lp = np.flatnonzero(k >= 0)
-            lp = result.logprobs
             if len(with_lp) < len(k):
-                lp = lp.take(with_lp)
+                lp = lp.take(output_rows(np.cumsum(counts)[with_lp] - counts[with_lp], counts[with_lp]))
             out.logprobs = _split_logprobs(
-                lp, [s_req_ids[j] for j in with_lp.tolist()], np.arange(1, len(with_lp) + 1), k[with_lp],
+                lp, [s_req_ids[j] for j in with_lp.tolist()], np.cumsum(counts[with_lp]), k[with_lp],
                 self.vocab_size,
             )
+        if self.drafter is not None:
+            out.spec_token_ids = self.drafter.propose(batch, s_req_ids, s_rows, len(req_ids))
         return out
 
     def _prompt_logprobs(
