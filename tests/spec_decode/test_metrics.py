@@ -14,7 +14,7 @@ def _stats():
     stats.observe(3, 2)
     stats.observe(3, 0)
     stats.observe(2, 2)
-    return SchedulerStats(spec_decoding_stats=stats.take())
+    return SchedulerStats(num_running_reqs=1, spec_decoding_stats=stats.take())
 
 
 def test_counters_with_vllm_names_and_labels():
