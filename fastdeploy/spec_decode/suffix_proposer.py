@@ -48,18 +48,32 @@ class SuffixTree:
                     break
                 node = child
 
-    def extend(self, tokens: list[int], num_old: int) -> None:
-        """Count the paths that end in ``tokens[num_old:]`` (the tokens appended since the last call)."""
-        for end in range(num_old, len(tokens)):
-            for start in range(max(0, end - self.depth + 1), end + 1):
-                node = self.root
-                for tok in tokens[start:end]:
-                    node = node.children[tok]
-                tok = tokens[end]
-                child = node.children.get(tok)
-                if child is None:
-                    child = node.children[tok] = _Node()
-                child.count += 1
+    def _count(self, node: _Node, tok: int) -> _Node:
+        child = node.children.get(tok)
+        if child is None:
+            child = node.children[tok] = _Node()
+        child.count += 1
+        return child
+
+    def extend(self, active: list[_Node], tokens: list[int]) -> list[_Node]:
+        """Count the paths ending in each of ``tokens`` (appended to a sequence already added).
+
+        ``active[i]`` is the node of the sequence's last ``i + 1`` tokens (the paths a new token
+        extends); the updated list is returned. O(depth) per token.
+        """
+        for tok in tokens:
+            active = [self._count(self.root, tok)] + [self._count(n, tok) for n in active[: self.depth - 1]]
+        return active
+
+    def tail_nodes(self, tokens: list[int]) -> list[_Node]:
+        """The ``active`` list of a sequence already added (its tails' nodes, shortest first)."""
+        out = []
+        for m in range(1, min(self.depth, len(tokens)) + 1):
+            node = self._find(tokens[-m:])
+            if node is None:
+                break
+            out.append(node)
+        return out
 
     def _find(self, context: list[int]) -> _Node | None:
         node = self.root
@@ -70,10 +84,13 @@ class SuffixTree:
         return node
 
     def speculate(self, context: list[int], max_tokens: int, max_spec_factor: float, min_token_prob: float,
-                  ) -> list[int]:
-        """Drafts after the longest tail of ``context`` in the tree (see the module doc)."""
+                  tails: list[_Node] | None = None) -> list[int]:
+        """Drafts after the longest tail of ``context`` in the tree (see the module doc).
+
+        ``tails``: the nodes of the context's tails when the caller keeps them (saves the lookups).
+        """
         for m in range(min(self.depth - 1, len(context)), 0, -1):
-            node = self._find(context[-m:])
+            node = (tails[m - 1] if m <= len(tails) else None) if tails is not None else self._find(context[-m:])
             if node is None or not node.children:
                 continue
             limit = min(max_tokens, int(max_spec_factor * m), self.depth - m)
@@ -103,23 +120,26 @@ class SuffixProposer:
         self.min_token_prob = min_token_prob
         self.global_tree = SuffixTree(max_tree_depth)
         self._cached: deque[list[int]] = deque()
-        # Per request: its tree and how many of its tokens it holds.
-        self._local: dict[str, tuple[SuffixTree, list[int]]] = {}
+        # Per request: its tree, the tokens it holds and the nodes of their tails.
+        self._local: dict[str, tuple[SuffixTree, list[int], list[_Node]]] = {}
 
     def propose(self, req_id: str, tokens: list[int]) -> list[int]:
         """Drafts for a request whose tokens (prompt + output) are ``tokens``."""
         entry = self._local.get(req_id)
-        if entry is None or len(entry[1]) > len(tokens) or entry[1] != tokens[: len(entry[1])]:
+        # A request's tokens only grow (a preempted one resumes with the same ones).
+        if entry is None or len(entry[1]) > len(tokens):
             tree = SuffixTree(self.depth)
             tree.add_sequence(tokens)
-            self._local[req_id] = (tree, list(tokens))
+            entry = (tree, list(tokens), tree.tail_nodes(tokens))
         else:
-            tree, held = entry
-            tree.extend(tokens, len(held))
-            held.extend(tokens[len(held):])
+            tree, held, tails = entry
+            new = tokens[len(held):]
+            held.extend(new)
+            entry = (tree, held, tree.extend(tails, new))
+        self._local[req_id] = entry
         context = tokens[-self.depth:]
         args = (self.k, self.max_spec_factor, self.min_token_prob)
-        local = self._local[req_id][0].speculate(context, *args)
+        local = entry[0].speculate(context, *args, tails=entry[2])
         glob = self.global_tree.speculate(context, *args) if self._cached else []
         return glob if len(glob) > len(local) else local
 

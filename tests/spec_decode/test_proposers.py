@@ -65,7 +65,8 @@ def test_suffix_tree_extend_equals_add():
     a, b = SuffixTree(3), SuffixTree(3)
     a.add_sequence(seq)
     b.add_sequence(seq[:4])
-    b.extend(seq, 4)
+    tails = b.extend(b.tail_nodes(seq[:4]), seq[4:])
+    assert tails == b.tail_nodes(seq)
 
     def dump(node, prefix=()):
         out = {}
