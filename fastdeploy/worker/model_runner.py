@@ -19,8 +19,8 @@ from fastdeploy.model_executor.layers.attention.metadata import build_attention_
 from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, logprobs_of_rows
 from fastdeploy.model_executor.model_loader import get_model
 from fastdeploy.spec_decode.drafter import Drafter
-from fastdeploy.spec_decode.rejection_sampler import expand_sampling_metadata, verify
-from fastdeploy.spec_decode.spec_batch import output_rows, spec_grammar_rows, write_draft_tokens
+from fastdeploy.spec_decode.rejection_sampler import expand_sampling_metadata
+from fastdeploy.spec_decode.spec_batch import accept_verified, output_rows, spec_grammar_rows, write_draft_tokens
 from fastdeploy.worker.input_batch import CachedRequestState, InputBatch
 from fastdeploy.worker.model_runner_output import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
@@ -219,18 +219,9 @@ class ModelRunner:
             batch.append_sampled(s_rows, sampled)
             out.sampled_token_ids = dict(zip(s_req_ids, sampled[:, None].tolist(), strict=True))
         else:
-            # The accepted drafts and the target's token after them: positions 0..a of each request.
-            counts = verify(sampled, np.fromiter((t for r in s_req_ids for t in spec.get(r, ())), dtype=np.int64),
-                            num_pos - 1).num_accepted + 1
-            keep = output_rows(np.cumsum(num_pos) - num_pos, counts)
-            sampled = sampled[keep]
-            lp = None if lp is None else lp.take(keep)
-            ends = np.cumsum(counts)
-            for j in range(int(counts.max())):
-                has = np.flatnonzero(counts > j)
-                batch.append_sampled(s_rows[has], sampled[ends[has] - counts[has] + j])
-            out.sampled_token_ids = dict(zip(s_req_ids, np.split(sampled, ends[:-1]), strict=True))
-            out.sampled_token_ids = {r: t.tolist() for r, t in out.sampled_token_ids.items()}
+            # Verification: each request keeps its accepted drafts and the target's token after them.
+            counts, sampled, lp, out.sampled_token_ids = accept_verified(batch, s_rows, s_req_ids, spec, num_pos,
+                                                                         sampled, lp)
         if lp is not None:
             k = batch.num_logprobs[s_rows]
             with_lp = np.flatnonzero(k >= 0)
