@@ -396,6 +396,10 @@ class FDConfig:
             from fastdeploy.spec_decode.draft_model import draft_model_config
 
             self.draft_model_config = draft_model_config(spec, self.model_config)
+        if spec is not None and spec.method == "mtp":
+            from fastdeploy.spec_decode.mtp_proposer import check_mtp_target
+
+            check_mtp_target(self)
 
     def _check_cache_dtype(self) -> None:
         """--kv-cache-dtype: the KV cache is kept in the model's compute dtype; any other is refused by name."""

@@ -131,10 +131,8 @@ class SpeculativeConfig:
             raise ValueError("method 'draft_model' needs the draft 'model' in --speculative-config.")
         if self.method in ("ngram", "suffix") and self.model is not None:
             raise ValueError(f"'model' does not apply to the {self.method} method (it reads no model).")
-        if self.method == "mtp":
-            raise ValueError("Speculative method 'mtp' is not supported by this FastDeploy build yet: it needs "
-                             "the DeepSeek-V3 / ERNIE-4.5 next-token-prediction layers, which no model here "
-                             "carries; use ngram, suffix or draft_model.")
+        if self.method == "mtp" and self.model is not None:
+            raise ValueError("'model' does not apply to the mtp method: the MTP modules are the target checkpoint's.")
         d = self.disable_by_batch_size
         if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 1):
             raise ValueError(f"disable_by_batch_size must be an integer >= 1, got {d!r}.")
@@ -160,4 +158,4 @@ class SpeculativeConfig:
     @property
     def num_lookahead_tokens(self) -> int:
         """KV slots past the scheduled tokens a proposer writes during the step (the draft model's k)."""
-        return self.num_speculative_tokens if self.method == "draft_model" else 0
+        return self.num_speculative_tokens if self.method in ("draft_model", "mtp") else 0

@@ -37,7 +37,10 @@ class Drafter:
         self.max_model_len = fd_config.model_config.max_model_len
         self.block_size = fd_config.cache_config.block_size
         self.fd_config = fd_config
-        self.ngram = self.suffix = self.draft_model = None
+        self.ngram = self.suffix = self.draft_model = self.mtp = None
+        # MTP: the step's flattened input (token rows, positions, metadata, target hidden, step
+        # index of each request), run through the modules once the step's tokens are verified.
+        self._step: tuple | None = None
         if spec.method == "ngram":
             from fastdeploy.spec_decode.ngram_proposer import NgramProposer
 
@@ -50,8 +53,14 @@ class Drafter:
                                          spec.suffix_decoding_max_spec_factor, spec.suffix_decoding_min_token_prob)
 
     # ---- draft model set-up ---------------------------------------------------------------
-    def load_model(self) -> None:
-        if self.spec.method == "draft_model":
+    def load_model(self, target=None) -> None:
+        """Build a model-based proposer (``target``: the loaded target model, for MTP)."""
+        if self.spec.method == "mtp":
+            from fastdeploy.spec_decode.mtp_proposer import MtpProposer
+
+            self.mtp = MtpProposer(self.k, target, self.fd_config)
+            logger.info("Speculative decoding: the checkpoint's MTP modules, %d tokens per step.", self.k)
+        elif self.spec.method == "draft_model":
             from fastdeploy.spec_decode.draft_model import DraftModelProposer
 
             self.draft_model = DraftModelProposer(self.spec, self.fd_config.draft_model_config,
@@ -62,16 +71,24 @@ class Drafter:
 
     def kv_cache_bytes_per_block(self) -> int:
         """The draft model's share of a KV block (its cache has the target's block ids)."""
-        return 0 if self.draft_model is None else self.draft_model.kv_cache_bytes_per_block()
+        proposer = self.draft_model or self.mtp
+        return 0 if proposer is None else proposer.kv_cache_bytes_per_block()
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        if self.draft_model is not None:
-            self.draft_model.initialize_kv_cache(num_blocks)
+        for proposer in (self.draft_model, self.mtp):
+            if proposer is not None:
+                proposer.initialize_kv_cache(num_blocks)
 
-    def observe(self, input_ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata) -> None:
-        """The target's step input, for a draft model's KV cache."""
+    def observe(self, input_ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata, hidden=None,
+                token_rows: np.ndarray | None = None, req_ids: list[str] | None = None,
+                starts: np.ndarray | None = None, computed: np.ndarray | None = None) -> None:
+        """The target's step input: a draft model runs it now, MTP keeps it for after verification."""
         if self.draft_model is not None:
             self.draft_model.observe(input_ids, positions, meta)
+        if self.mtp is not None:
+            assert req_ids is not None and starts is not None and computed is not None
+            index = {r: i for i, r in enumerate(req_ids)}
+            self._step = (token_rows, positions, meta, hidden, index, starts, computed)
 
     def finish_request(self, req_id: str, batch: InputBatch) -> None:
         """A request leaves for good (the suffix proposer keeps its output for the global tree)."""
@@ -88,6 +105,10 @@ class Drafter:
     def propose(self, batch: InputBatch, req_ids: list[str], rows: np.ndarray, num_scheduled_reqs: int,
                 ) -> dict[str, list[int]]:
         """Drafts for the requests that sampled this step (rows of ``batch``, their tokens appended)."""
+        if self.mtp is not None and self._step is not None:
+            # Every step's positions go through the modules (their cache), drafts or not.
+            token_rows, positions, meta, hidden, _, _, _ = self._step
+            self.mtp.observe(batch.token_ids, token_rows, positions, meta, hidden)
         limit = self.spec.disable_by_batch_size
         if limit is not None and num_scheduled_reqs > limit:
             return {}
@@ -108,6 +129,14 @@ class Drafter:
         elif self.suffix is not None:
             drafts = [self.suffix.propose(req_ids[i], batch.token_ids[r, :n].tolist())
                       for i, r, n in zip(sel.tolist(), e_rows.tolist(), num_tokens.tolist(), strict=True)]
+        elif self.mtp is not None:
+            assert self._step is not None
+            _, _, _, _, index, starts, computed = self._step
+            at = np.fromiter((index[req_ids[i]] for i in sel.tolist()), dtype=np.int64, count=len(sel))
+            # The last accepted position (P - 1, P: the newest token's) as an index into the step's tokens.
+            last_index = starts[at] + num_tokens - 2 - computed[at]
+            width = -(-int((num_tokens + room[sel]).max()) // self.block_size)
+            drafts = self.mtp.propose(last_index, num_tokens, batch.block_table[e_rows, :width], room[sel])
         else:
             assert self.draft_model is not None
             width = -(-int((num_tokens + room[sel]).max()) // self.block_size)

@@ -86,7 +86,7 @@ class ModelRunner:
         self.model = get_model(self.model_config, self.fd_config.load_config)
         self.model.eval()
         if self.drafter is not None:
-            self.drafter.load_model()
+            self.drafter.load_model(self.model)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -189,13 +189,15 @@ class ModelRunner:
 
         hidden = self.model(paddle.to_tensor(input_ids), paddle.to_tensor(positions), self.kv_caches, meta)
         if self.drafter is not None:
-            self.drafter.observe(input_ids, positions, meta)
+            self.drafter.observe(input_ids, positions, meta, hidden, np.repeat(rows, n), req_ids, starts, computed)
 
         # Requests whose chunk reaches their last known token (and drafts) sample the next one.
         sample_mask = computed + n >= batch.num_tokens[rows] + (0 if num_drafts is None else num_drafts)
         out = ModelRunnerOutput()
         self._prompt_logprobs(req_ids, rows, computed, n, starts, hidden, out)
         if not sample_mask.any():
+            if self.drafter is not None:  # MTP still reads the step (its cache)
+                self.drafter.propose(batch, [], rows[:0], len(req_ids))
             return out
         s_idx = np.flatnonzero(sample_mask)
         s_req_ids = req_ids if len(s_idx) == len(req_ids) else [req_ids[i] for i in s_idx.tolist()]

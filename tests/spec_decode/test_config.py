@@ -24,6 +24,8 @@ def test_vllm_keys_and_defaults():
     ({"method": "ngram", "num_model_steps": 3, "max_ngram_size": 4, "min_ngram_size": 2}, "ngram"),
     ({"model": "/some/draft", "num_speculative_tokens": 3}, "draft_model"),
     ({"method": "suffix", "num_speculative_tokens": 3}, "suffix"),
+    ({"method": "deepseek_mtp", "num_speculative_tokens": 3}, "mtp"),
+    ({"method": "mtp", "num_model_steps": 3}, "mtp"),
 ])
 def test_spellings(raw, method):
     c = SpeculativeConfig.from_dict(raw)
@@ -44,8 +46,7 @@ def test_fastdeploy_aliases_map_to_vllm_keys():
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
      "prompt_lookup_min"),
     ({"method": "draft_model", "num_speculative_tokens": 2}, "'model'"),
-    ({"method": "mtp", "num_speculative_tokens": 1}, "'mtp'"),
-    ({"method": "deepseek_mtp", "num_speculative_tokens": 1}, "'mtp'"),
+    ({"method": "mtp", "num_speculative_tokens": 1, "model": "/elsewhere"}, "'model'"),
     ({"method": "ngram", "num_speculative_tokens": 2, "verify_strategy": "topp"}, "verify_strategy"),
     ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "disable_by_batch_size"),
     ({"method": "ngram", "num_model_steps": 2, "num_speculative_tokens": 3}, "num_speculative_tokens"),
