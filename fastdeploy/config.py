@@ -369,7 +369,8 @@ class FDConfig:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     load_config: LoadConfig = field(default_factory=LoadConfig)
-    speculative_config: dict[str, Any] | None = None
+    # A dict (the --speculative-config JSON) is resolved into a SpeculativeConfig.
+    speculative_config: Any = None
     kv_transfer_config: KVTransferConfig = field(default_factory=KVTransferConfig)
     # A dict (from the command line) is turned into a StructuredOutputsConfig.
     structured_outputs_config: StructuredOutputsConfig | dict[str, Any] | None = None
@@ -379,10 +380,26 @@ class FDConfig:
         from fastdeploy.platforms import current_platform
 
         self.structured_outputs_config = StructuredOutputsConfig.from_value(self.structured_outputs_config)
+        self._resolve_speculative_config()
 
         self.scheduler_config.finalize(self.model_config.max_model_len)
         current_platform.check_and_update_config(self)
         self._check_cache_dtype()
+
+    def _resolve_speculative_config(self) -> None:
+        """--speculative-config as a SpeculativeConfig; a draft model's config is read (and checked) here."""
+        from fastdeploy.spec_decode.config import SpeculativeConfig
+
+        spec = self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        self.draft_model_config: ModelConfig | None = None
+        if spec is not None and spec.method == "draft_model":
+            from fastdeploy.spec_decode.draft_model import draft_model_config
+
+            self.draft_model_config = draft_model_config(spec, self.model_config)
+        if spec is not None and spec.method == "mtp":
+            from fastdeploy.spec_decode.mtp_proposer import check_mtp_target
+
+            check_mtp_target(self)
 
     def _check_cache_dtype(self) -> None:
         """--kv-cache-dtype: the KV cache is kept in the model's compute dtype; any other is refused by name."""

@@ -217,7 +217,6 @@ class EngineArgs:
             "tensor_parallel_size": self.tensor_parallel_size != 1,
             "pipeline_parallel_size": self.pipeline_parallel_size != 1,
             "data_parallel_size": self.data_parallel_size != 1,
-            "speculative_config": self.speculative_config is not None,
             # PD goes through the router (--splitwise-role); FastDeploy's splitwise scheduler is not built.
             "scheduler_name": self.scheduler_name == "splitwise",
             # The scheduler serves requests first come, first served; the request's priority is not read.

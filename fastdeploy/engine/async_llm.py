@@ -99,6 +99,8 @@ class AsyncLLM:
         self.engine_core = EngineCoreClient(fd_config, engine_core_cls=engine_core_cls, port=engine_port)
         cache = fd_config.cache_config
         kv_cache_tokens = cache.num_blocks * cache.block_size
+        spec = fd_config.speculative_config
+        num_spec_tokens = None if spec is None else spec.num_speculative_tokens
         prometheus = PrometheusStatLogger(
             self.model_config.served_model_name[0] or "",
             self.model_config.max_model_len,
@@ -108,9 +110,10 @@ class AsyncLLM:
              "kv_cache_size_tokens": str(kv_cache_tokens),
              "kv_cache_max_concurrency": f"{kv_cache_tokens / self.model_config.max_model_len:.2f}"},
             show_hidden_metrics=fd_config.observability_config.show_hidden_metrics,
+            num_spec_tokens=num_spec_tokens,
         )
         prometheus.kv_total_blocks.set(cache.num_blocks)
-        self.stat_loggers = StatLoggerManager(prometheus, log_stats)
+        self.stat_loggers = StatLoggerManager(prometheus, log_stats, num_spec_tokens)
         self.engine_core.on_dead(self._on_engine_dead)
         try:
             asyncio.get_running_loop()

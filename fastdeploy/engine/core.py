@@ -60,7 +60,7 @@ class EngineCore:
         self.kv_transfer = self._start_kv_transfer()
         self.scheduler = Scheduler(
             fd_config.scheduler_config, cache, mc.max_model_len, structured_output_manager=self.structured_output_manager,
-            kv_transfer=self.kv_transfer,
+            kv_transfer=self.kv_transfer, speculative_config=fd_config.speculative_config,
         )
         logger.info(
             "Engine ready in %.1f s: %d KV blocks of %d tokens (%.2f GiB), max_model_len=%d, max_num_seqs=%d, "

@@ -12,6 +12,7 @@ from fastdeploy.engine.request import SchedulerStats
 from fastdeploy.inputs import PromptType
 from fastdeploy.outputs import RequestOutput
 from fastdeploy.sampling_params import SamplingParams
+from fastdeploy.spec_decode.metrics import SpecDecodingTotals
 from fastdeploy.transformers_utils.tokenizer import get_tokenizer_for_model
 
 
@@ -30,6 +31,9 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.engine_core = EngineCore(fd_config, tokenizer=self.tokenizer)
         self.last_stats: SchedulerStats | None = None
+        # Speculative decoding: draft and acceptance counts of the whole run.
+        spec = fd_config.speculative_config
+        self.spec_decode_totals = None if spec is None else SpecDecodingTotals(spec.num_speculative_tokens)
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -58,6 +62,9 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = self.engine_core.step()
         self.last_stats = outputs.scheduler_stats
+        if self.spec_decode_totals is not None and outputs.scheduler_stats is not None \
+                and outputs.scheduler_stats.spec_decoding_stats is not None:
+            self.spec_decode_totals.observe(outputs.scheduler_stats.spec_decoding_stats)
         request_outputs, to_abort, failed = self.output_processor.process_outputs(outputs)
         if to_abort:
             self.engine_core.abort_requests(to_abort)

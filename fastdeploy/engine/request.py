@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from fastdeploy.sampling_params import SamplingParams
+from fastdeploy.spec_decode.scheduling import SpecDecodingStats
 
 if TYPE_CHECKING:
     from fastdeploy.model_executor.guided_decoding.request import StructuredOutputRequest
@@ -89,6 +90,8 @@ class SchedulerStats(msgspec.Struct, array_like=True, omit_defaults=True):
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # Speculative decoding: the drafts verified since the last stats (None: none, or no speculation).
+    spec_decoding_stats: SpecDecodingStats | None = None
     # KV-transfer events since the last stats: ("ok", direction, protocol, bytes, blocks, seconds)
     # or ("failed", direction, protocol, 0, 0, 0.0).
     kv_transfer_events: list[tuple[str, str, str, int, int, float]] = []
@@ -154,6 +157,8 @@ class Request:
         self.num_prompt_logprobs_sent = 0
         # Rows a prefix-cache hit supplied, sent with the request's next step output.
         self.cached_prompt_logprobs: LogprobsLists | None = None
+        # Speculative decoding: drafts for the next step (validated; verified by the target then).
+        self.spec_token_ids: list[int] = []
         sp = self.sampling_params
         left = max_model_len - self.num_prompt_tokens
         self.max_tokens = left if sp.max_tokens is None else min(sp.max_tokens, left)

@@ -24,6 +24,7 @@ from fastdeploy.distributed.kv_transfer.metrics import KVTransferMetrics
 from fastdeploy.engine.request import SchedulerStats
 from fastdeploy.logger import init_logger
 from fastdeploy.metrics.stats import IterationStats
+from fastdeploy.spec_decode.metrics import SpecDecodingProm, SpecDecodingTotals
 
 logger = init_logger(__name__)
 
@@ -59,7 +60,8 @@ class PrometheusStatLogger:
     """The Prometheus side of the stats: one registry the server's /metrics exposes."""
 
     def __init__(self, model_name: str, max_model_len: int, cache_info: dict[str, str] | None = None,
-                 registry: CollectorRegistry | None = None, show_hidden_metrics: bool = False) -> None:
+                 registry: CollectorRegistry | None = None, show_hidden_metrics: bool = False,
+                 num_spec_tokens: int | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         # --show-hidden-metrics-for-version: the deprecated metrics hidden in the followed vLLM release
         # (HIDDEN_METRICS) are registered only then. vLLM 0.33 hides none of the metrics exported here.
@@ -98,8 +100,9 @@ class PrometheusStatLogger:
         self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        # vllm:spec_decode_* are not registered: vLLM registers them only when speculative decoding is
-        # configured, and here it is not built (--speculative-config is refused), so they could only read 0.
+        # vllm:spec_decode_*: registered only when speculative decoding is configured, as in vLLM.
+        self.spec_decode = None if num_spec_tokens is None else SpecDecodingProm(self.registry, labels, values,
+                                                                                 num_spec_tokens)
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           [*labels, "finished_reason"], registry=self.registry)
         self.request_success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
@@ -164,6 +167,8 @@ class PrometheusStatLogger:
                 self.kv_transfer.apply_events(scheduler_stats.kv_transfer_events)
             self.global_taken["own"].inc(scheduler_stats.num_global_own_reqs)
             self.global_taken["stolen"].inc(scheduler_stats.num_global_stolen_reqs)
+            if self.spec_decode is not None and scheduler_stats.spec_decoding_stats is not None:
+                self.spec_decode.observe(scheduler_stats.spec_decoding_stats)
         if iteration_stats is None:
             return
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)
@@ -193,7 +198,8 @@ class PrometheusStatLogger:
 class LoggingStatLogger:
     """Logs throughput and scheduler state every interval (quiet while idle)."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_spec_tokens: int | None = None) -> None:
+        self.spec_decode = None if num_spec_tokens is None else SpecDecodingTotals(num_spec_tokens)
         self.last_log_time = time.monotonic()
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
@@ -207,6 +213,8 @@ class LoggingStatLogger:
             self.last_scheduler_stats = scheduler_stats
             self.prefix_queries += scheduler_stats.prefix_cache_queries
             self.prefix_hits += scheduler_stats.prefix_cache_hits
+            if self.spec_decode is not None and scheduler_stats.spec_decoding_stats is not None:
+                self.spec_decode.observe(scheduler_stats.spec_decoding_stats)
         if iteration_stats is not None:
             self.num_prompt_tokens += iteration_stats.num_prompt_tokens
             self.num_generation_tokens += iteration_stats.num_generation_tokens
@@ -228,6 +236,8 @@ class LoggingStatLogger:
             prompt_tps, gen_tps, stats.num_running_reqs, stats.num_waiting_reqs, stats.kv_cache_usage * 100,
             hit_rate * 100,
         )
+        if self.spec_decode is not None and (line := self.spec_decode.log_line()) is not None:
+            log_fn("Engine 000: %s", line)
         self.last_log_time = now
         self.num_prompt_tokens = self.num_generation_tokens = 0
 
@@ -235,9 +245,10 @@ class LoggingStatLogger:
 class StatLoggerManager:
     """Fans the stats out to the Prometheus logger and, unless disabled, the log line."""
 
-    def __init__(self, prometheus: PrometheusStatLogger, log_stats: bool = True) -> None:
+    def __init__(self, prometheus: PrometheusStatLogger, log_stats: bool = True,
+                 num_spec_tokens: int | None = None) -> None:
         self.prometheus = prometheus
-        self.logging = LoggingStatLogger() if log_stats else None
+        self.logging = LoggingStatLogger(num_spec_tokens) if log_stats else None
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         self.prometheus.record(scheduler_stats, iteration_stats)

@@ -19,6 +19,9 @@ from fastdeploy.model_executor.layers.attention.kv_cache_spec import FullAttenti
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, logprobs_of_rows
 from fastdeploy.model_executor.model_loader import get_model
+from fastdeploy.spec_decode.drafter import Drafter
+from fastdeploy.spec_decode.rejection_sampler import expand_sampling_metadata
+from fastdeploy.spec_decode.spec_batch import accept_verified, output_rows, spec_grammar_rows, write_draft_tokens
 from fastdeploy.worker.input_batch import CachedRequestState, InputBatch
 from fastdeploy.worker.model_runner_output import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
@@ -73,6 +76,8 @@ class ModelRunner:
             self.max_num_reqs, self.max_model_len, -(-self.max_model_len // self.block_size), self.vocab_size
         )
         self._seed = mc.seed
+        # Speculative decoding: the proposer, and the drafts the scheduler sends back verified.
+        self.drafter = Drafter(fd_config) if fd_config.speculative_config is not None else None
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -80,6 +85,8 @@ class ModelRunner:
             paddle.seed(self._seed)
         self.model = get_model(self.model_config, self.fd_config.load_config)
         self.model.eval()
+        if self.drafter is not None:
+            self.drafter.load_model(self.model)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -96,7 +103,8 @@ class ModelRunner:
         return [FullAttentionSpec(mc.num_kv_heads, mc.head_dim, self.kv_cache_dtype)] * mc.num_layers
 
     def kv_cache_bytes_per_block(self) -> int:
-        return kv_cache_bytes_per_block(self.kv_cache_specs(), self.block_size)
+        own = kv_cache_bytes_per_block(self.kv_cache_specs(), self.block_size)
+        return own + (self.drafter.kv_cache_bytes_per_block() if self.drafter is not None else 0)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate each layer's cache tensors as its spec says (K and V as
@@ -106,11 +114,15 @@ class ModelRunner:
         budget costs memory only as it fills.
         """
         self.kv_caches = [spec.allocate(num_blocks, self.block_size) for spec in self.kv_cache_specs()]
+        if self.drafter is not None:
+            self.drafter.initialize_kv_cache(num_blocks)
 
     # ---- batch state -------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
         for req_id in so.finished_req_ids:
+            if self.drafter is not None:
+                self.drafter.finish_request(req_id, batch)
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
         for req_id in so.preempted_req_ids:
@@ -164,6 +176,9 @@ class ModelRunner:
             req_ids = [req_ids[i] for i in order.tolist()]
             n, rows = n[order], rows[order]
         computed = batch.num_computed_tokens[rows]
+        # Draft tokens to verify sit after each request's known tokens: [last token, d_1..d_k].
+        spec = so.scheduled_spec_decode_tokens
+        num_drafts = write_draft_tokens(batch, spec, req_ids, rows) if spec else None
         cu_end = np.cumsum(n)
         starts = cu_end - n
         seq_lens = computed + n
@@ -173,17 +188,23 @@ class ModelRunner:
         input_ids = batch.token_ids[np.repeat(rows, n), positions]
 
         hidden = self.model(paddle.to_tensor(input_ids), paddle.to_tensor(positions), self.kv_caches, meta)
+        if self.drafter is not None:
+            self.drafter.observe(input_ids, positions, meta, hidden, np.repeat(rows, n), req_ids, starts, computed)
 
-        # Requests whose chunk reaches their last known token sample the next one.
-        sample_mask = computed + n >= batch.num_tokens[rows]
+        # Requests whose chunk reaches their last known token (and drafts) sample the next one.
+        sample_mask = computed + n >= batch.num_tokens[rows] + (0 if num_drafts is None else num_drafts)
         out = ModelRunnerOutput()
         self._prompt_logprobs(req_ids, rows, computed, n, starts, hidden, out)
         if not sample_mask.any():
+            if self.drafter is not None:  # MTP still reads the step (its cache)
+                self.drafter.propose(batch, [], rows[:0], len(req_ids))
             return out
         s_idx = np.flatnonzero(sample_mask)
         s_req_ids = req_ids if len(s_idx) == len(req_ids) else [req_ids[i] for i in s_idx.tolist()]
         s_rows = rows[s_idx]
-        last_rows = cu_end[s_idx] - 1
+        # Logits at the last position of each request, or at every verified position of a spec request.
+        num_pos = None if num_drafts is None else num_drafts[s_idx] + 1
+        last_rows = cu_end[s_idx] - 1 if num_pos is None else output_rows(cu_end[s_idx] - num_pos, num_pos)
         # A decode-only step samples every row in order: no gather needed.
         if len(last_rows) != len(hidden) or last_rows[-1] != len(last_rows) - 1:
             hidden = paddle.gather(hidden, paddle.to_tensor(last_rows))
@@ -191,21 +212,32 @@ class ModelRunner:
         md = batch.make_sampling_metadata(s_rows)
         # Structured outputs: the scheduler's grammar bitmask, reordered to this step's sampled rows.
         md.grammar_bitmask, md.grammar_rows = so.grammar_rows(s_req_ids)
+        if num_pos is not None:
+            md = expand_sampling_metadata(md, num_pos)
+            md.grammar_bitmask, md.grammar_rows = spec_grammar_rows(so, s_req_ids, num_pos)
         # The logits array is this step's own: the sampler may overwrite it instead of copying.
         result = self.sampler(logits, md, inplace=True)
         sampled = result.sampled_token_ids
-        batch.append_sampled(s_rows, sampled)
-        out.sampled_token_ids = dict(zip(s_req_ids, sampled[:, None].tolist(), strict=True))
-        if result.logprobs is not None:
+        lp = result.logprobs
+        if num_pos is None:
+            counts = np.ones(len(s_rows), dtype=np.int64)
+            batch.append_sampled(s_rows, sampled)
+            out.sampled_token_ids = dict(zip(s_req_ids, sampled[:, None].tolist(), strict=True))
+        else:
+            # Verification: each request keeps its accepted drafts and the target's token after them.
+            counts, sampled, lp, out.sampled_token_ids = accept_verified(batch, s_rows, s_req_ids, spec, num_pos,
+                                                                         sampled, lp)
+        if lp is not None:
             k = batch.num_logprobs[s_rows]
             with_lp = np.flatnonzero(k >= 0)
-            lp = result.logprobs
             if len(with_lp) < len(k):
-                lp = lp.take(with_lp)
+                lp = lp.take(output_rows(np.cumsum(counts)[with_lp] - counts[with_lp], counts[with_lp]))
             out.logprobs = _split_logprobs(
-                lp, [s_req_ids[j] for j in with_lp.tolist()], np.arange(1, len(with_lp) + 1), k[with_lp],
+                lp, [s_req_ids[j] for j in with_lp.tolist()], np.cumsum(counts[with_lp]), k[with_lp],
                 self.vocab_size,
             )
+        if self.drafter is not None:
+            out.spec_token_ids = self.drafter.propose(batch, s_req_ids, s_rows, len(req_ids))
         return out
 
     def _prompt_logprobs(

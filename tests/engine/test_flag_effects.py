@@ -146,7 +146,7 @@ def test_disable_additional_properties_reaches_the_compiled_schema():
 
 
 def test_spec_decode_counters_are_not_registered_without_speculative_decoding():
-    # As vLLM: they exist only with a speculative config, which this build refuses.
+    # As vLLM: they exist only with a speculative config (tests/spec_decode/test_metrics.py).
     registry = PrometheusStatLogger("m", 256, {}).registry
     names = {metric.name for metric in registry.collect()}
     assert not [n for n in names if "spec_decode" in n]

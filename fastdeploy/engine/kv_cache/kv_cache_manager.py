@@ -170,9 +170,11 @@ class KVCacheManager:
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVCacheBlock] | None = None,
-        cache: bool = True,
+        cache: bool = True, num_lookahead_tokens: int = 0,
     ) -> list[KVCacheBlock] | None:
         """Give the request room for ``num_new_tokens`` more tokens; None when the pool is short.
+
+        ``num_lookahead_tokens`` more slots are allocated (not cached) for a draft model's proposals.
 
         ``cache=False`` keeps the new blocks out of the prefix cache for now: their content
         arrives later (from a prefill instance), and another request must not share them before.
@@ -180,7 +182,7 @@ class KVCacheManager:
         new_computed_blocks = new_computed_blocks or []
         blocks = self.req_to_blocks.setdefault(request.request_id, [])
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        num_required = cdiv(num_computed + num_new_tokens, self.block_size)
+        num_required = cdiv(num_computed + num_new_tokens + num_lookahead_tokens, self.block_size)
         num_new_blocks = num_required - len(blocks) - len(new_computed_blocks)
         # Cache hits that sit in the free queue stop being free once taken.
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)

@@ -46,6 +46,10 @@ class SchedulerOutput:
     # requests sampled this step, and each one's row in it.
     grammar_bitmask: np.ndarray | None = None
     structured_output_request_ids: dict[str, int] = field(default_factory=dict)
+    # Speculative decoding: the drafts each request verifies this step (counted in its scheduled
+    # tokens). A constrained request with drafts has len(drafts) + 1 consecutive bitmask rows,
+    # from its structured_output_request_ids row on: one per verified position.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     def grammar_rows(self, sampled_req_ids: list[str]) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The bitmask rows of the constrained requests among ``sampled_req_ids`` and their positions there.

@@ -36,11 +36,13 @@ from fastdeploy.engine.request import (
 )
 from fastdeploy.engine.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from fastdeploy.logger import init_logger
+from fastdeploy.spec_decode.scheduling import SpecDecodingStats, spec_grammar_bitmask, usable_drafts
 from fastdeploy.worker.model_runner_output import ModelRunnerOutput
 
 if TYPE_CHECKING:
     from fastdeploy.distributed.kv_transfer.pd_engine import PDKVTransfer
     from fastdeploy.model_executor.guided_decoding.manager import StructuredOutputManager
+    from fastdeploy.spec_decode.config import SpeculativeConfig
 
 logger = init_logger(__name__)
 
@@ -55,8 +57,13 @@ class Scheduler:
         max_model_len: int,
         structured_output_manager: StructuredOutputManager | None = None,
         kv_transfer: PDKVTransfer | None = None,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         self.config = scheduler_config
+        # Speculative decoding: KV slots a proposer writes past a request's scheduled tokens, and
+        # the draft statistics sent with each step's stats.
+        self.num_lookahead_tokens = speculative_config.num_lookahead_tokens if speculative_config else 0
+        self.spec_stats = SpecDecodingStats(speculative_config.num_speculative_tokens) if speculative_config else None
         self.structured_output_manager = structured_output_manager
         self.max_model_len = max_model_len
         self.max_num_seqs = scheduler_config.max_num_seqs
@@ -138,17 +145,19 @@ class Scheduler:
         new_reqs: list[NewRequestData] = []
         cached_reqs: list[CachedRequestData] = []
         preempted: set[str] = set()
+        spec_tokens: dict[str, list[int]] = {}
         kv = self.kv_cache_manager
 
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            # Draft tokens count against the budget like any other token.
+            num_new = min(request.num_tokens + len(request.spec_token_ids) - request.num_computed_tokens, budget)
             if num_new <= 0:
                 i += 1
                 continue
             while True:
-                new_blocks = kv.allocate_slots(request, num_new)
+                new_blocks = kv.allocate_slots(request, num_new, num_lookahead_tokens=self._lookahead(request, num_new))
                 if new_blocks is not None:
                     break
                 victim = self.running.pop()
@@ -160,6 +169,11 @@ class Scheduler:
                 break
             num_scheduled[request.request_id] = num_new
             budget -= num_new
+            num_spec = request.num_computed_tokens + num_new - request.num_tokens
+            if num_spec > 0:
+                # The budget may cut the drafts short; the ones scheduled are verified this step.
+                spec_tokens[request.request_id] = request.spec_token_ids[:num_spec]
+            request.spec_token_ids = []
             cached_reqs.append(
                 CachedRequestData(request.request_id, [b.block_id for b in new_blocks], request.num_computed_tokens)
             )
@@ -199,7 +213,8 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_new > budget:
                 break
             num_new = min(num_new, budget)
-            new_blocks = kv.allocate_slots(request, num_new, computed_blocks)
+            new_blocks = kv.allocate_slots(request, num_new, computed_blocks,
+                                           num_lookahead_tokens=self._lookahead(request, num_new, num_computed))
             if new_blocks is None:
                 break
             self.waiting.popleft()
@@ -232,6 +247,8 @@ class Scheduler:
         for req_id in preempted:
             num_scheduled.pop(req_id, None)
         cached_reqs = [c for c in cached_reqs if c.req_id not in preempted]
+        for req_id in preempted:
+            spec_tokens.pop(req_id, None)
         finished, self.finished_req_ids = self.finished_req_ids, set()
         output = SchedulerOutput(
             scheduled_new_reqs=new_reqs,
@@ -240,6 +257,7 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=finished,
             preempted_req_ids=preempted,
+            scheduled_spec_decode_tokens=spec_tokens,
         )
         if self.structured_output_manager is not None:
             # Only requests whose chunk reaches their last token sample (and need a mask) this step.
@@ -251,9 +269,17 @@ class Scheduler:
             ]
             if sampling:
                 output.grammar_bitmask, output.structured_output_request_ids = (
-                    self.structured_output_manager.grammar_bitmask(sampling)
+                    spec_grammar_bitmask(self.structured_output_manager, sampling, spec_tokens) if spec_tokens
+                    else self.structured_output_manager.grammar_bitmask(sampling)
                 )
         return output
+
+    def _lookahead(self, request: Request, num_new: int, num_computed: int | None = None) -> int:
+        """KV slots past this step's tokens for a draft model's proposals, within max_model_len."""
+        if not self.num_lookahead_tokens:
+            return 0
+        end = (request.num_computed_tokens if num_computed is None else num_computed) + num_new
+        return max(min(self.num_lookahead_tokens, self.max_model_len - end), 0)
 
     def _grammar_ready(self, request: Request) -> bool:
         """Whether a WAITING_FOR_FSM request can be admitted; a failed grammar finishes it (abort).
@@ -349,6 +375,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
@@ -371,20 +398,42 @@ class Scheduler:
                 if prompt_lp is not None:
                     outputs.append(EngineCoreOutput(req_id, [], new_prompt_logprobs=prompt_lp))
                 continue
-            request.append_output_token_ids(new_token_ids)
+            num_spec = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+            if num_spec:
+                # The rejected drafts' KV slots are written again next step.
+                request.num_computed_tokens -= num_spec + 1 - len(new_token_ids)
+                assert self.spec_stats is not None
+                self.spec_stats.observe(num_spec, len(new_token_ids) - 1)
             so_manager = self.structured_output_manager
-            if request.use_structured_output and so_manager is not None and so_manager.should_advance(request):
-                grammar = request.structured_output_request.grammar
-                grammar.accept_tokens(req_id, new_token_ids)
-                self._check_stop(request)
-                if not request.is_finished() and grammar.is_terminated():
-                    # The grammar is complete (it accepted its own stop token): the answer is done.
-                    request.status = RequestStatus.FINISHED_STOPPED
-                    last = request.all_token_ids[-1]
-                    request.stop_reason = None if last == request.eos_token_id else last
-            else:
-                self._check_stop(request)
+            # Several tokens come from a verified run of drafts: each is checked in turn and the
+            # run ends at the first that finishes the request.
+            num_kept = 0
+            for token in new_token_ids:
+                num_kept += 1
+                request.append_output_token_ids([token])
+                if request.use_structured_output and so_manager is not None and so_manager.should_advance(request):
+                    grammar = request.structured_output_request.grammar
+                    grammar.accept_tokens(req_id, [token])
+                    self._check_stop(request)
+                    if not request.is_finished() and grammar.is_terminated():
+                        # The grammar is complete (it accepted its own stop token): the answer is done.
+                        request.status = RequestStatus.FINISHED_STOPPED
+                        last = request.all_token_ids[-1]
+                        request.stop_reason = None if last == request.eos_token_id else last
+                else:
+                    self._check_stop(request)
+                if request.is_finished():
+                    break
             logprobs: LogprobsLists | None = runner_output.logprobs.get(req_id)
+            if num_kept < len(new_token_ids):
+                new_token_ids = new_token_ids[:num_kept]
+                if logprobs is not None:
+                    logprobs = LogprobsLists(logprobs.token_ids[:num_kept], logprobs.logprobs[:num_kept],
+                                             logprobs.ranks[:num_kept], None if logprobs.entry_ranks is None
+                                             else logprobs.entry_ranks[:num_kept])
+            drafts = runner_output.spec_token_ids.get(req_id)
+            if drafts and not request.is_finished():
+                request.spec_token_ids = usable_drafts(request, drafts, self.max_model_len, so_manager)
             kv_params = error = None
             if request.is_finished():
                 self.running.remove(request)
@@ -456,6 +505,7 @@ class Scheduler:
             prefix_cache_queries=queries,
             prefix_cache_hits=hits,
             num_preemptions=self.num_preemptions,
+            spec_decoding_stats=None if self.spec_stats is None else self.spec_stats.take(),
             kv_transfer_events=(self.kv_transfer.connector.metrics.drain_events()
                                 if self.kv_transfer is not None else []),
         )

@@ -213,6 +213,20 @@ class XgrammarGrammar:
             self._terminated = self.matcher.is_terminated()
         return True
 
+    def validate_tokens(self, tokens: list[int]) -> int:
+        """How many leading ``tokens`` the grammar accepts (speculative drafts); the state is left unchanged.
+
+        Tokens after the one that completes the grammar are not accepted.
+        """
+        accepted = 0
+        for token in tokens:
+            if self.matcher.is_terminated() or not self.matcher.accept_token(token):
+                break
+            accepted += 1
+        if accepted:
+            self.matcher.rollback(accepted)
+        return accepted
+
     def rollback(self, num_tokens: int) -> None:
         self.matcher.rollback(num_tokens)
         self.num_processed_tokens -= num_tokens
@@ -277,6 +291,24 @@ class XgrammarBackend:
     def new_grammar(self, compiled: xgr.CompiledGrammar) -> XgrammarGrammar:
         """A fresh matcher over a compiled grammar (cheap; one per request)."""
         return XgrammarGrammar(_xgr().GrammarMatcher(compiled))
+
+    def fill_bitmask_along(self, grammar: XgrammarGrammar, tokens: list[int]) -> np.ndarray:
+        """``len(tokens) + 1`` bitmask rows: the grammar's mask now and after each of ``tokens``.
+
+        The tokens (validated speculative drafts) are accepted one by one, then rolled back.
+        """
+        out = _xgr().allocate_token_bitmask(len(tokens) + 1, self.vocab_size)
+        matcher = grammar.matcher
+        accepted = 0
+        for i in range(len(tokens) + 1):
+            matcher.fill_next_token_bitmask(out, i)
+            if i < len(tokens):
+                if not matcher.accept_token(tokens[i]):
+                    raise RuntimeError(f"A validated draft token ({tokens[i]}) broke the grammar.")
+                accepted += 1
+        if accepted:
+            matcher.rollback(accepted)
+        return out.numpy()
 
     def fill_bitmask(self, grammars: list[XgrammarGrammar]) -> np.ndarray:
         """Allowed-token bitmask ``[len(grammars), ceil(vocab / 32)]`` int32, filled for the batch in one call."""

@@ -152,6 +152,11 @@ class StructuredOutputManager:
         assert self._backend is not None
         return self._backend.fill_bitmask(grammars), rows
 
+    def bitmasks_along(self, grammar: XgrammarGrammar, tokens: list[int]) -> np.ndarray:
+        """The grammar's bitmask at each of ``len(tokens) + 1`` positions (speculative verification)."""
+        assert self._backend is not None
+        return self._backend.fill_bitmask_along(grammar, tokens)
+
     def should_fill_bitmask(self, request: Request) -> bool:
         """Whether the grammar constrains the next token (not while the model is still reasoning)."""
         if self.reasoner is None or self.enable_in_reasoning:

@@ -84,7 +84,7 @@ def test_metrics_counters_move(server, client):
                  "vllm:prefix_cache_hits_total", "vllm:inter_token_latency_seconds_count",
                  "vllm:request_queue_time_seconds_count", "vllm:request_generation_tokens_count"):
         metric_value(after, name, model_name=MODEL_NAME)
-    # As vLLM, the speculative decoding counters exist only with speculative decoding (not built here).
+    # As vLLM, the speculative decoding counters exist only with speculative decoding (not configured here).
     assert "vllm:spec_decode" not in after
 
 
