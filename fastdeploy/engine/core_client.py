@@ -94,6 +94,11 @@ class EngineCoreClient:
         else:
             threads = omp_threads or engine_omp_threads()
             env = {"OMP_NUM_THREADS": str(threads)}
+        pc = fd_config.parallel_config
+        local_ranks = pc.tensor_parallel_size // pc.nnodes
+        if local_ranks > 1:
+            # The engine's tensor-parallel ranks split its cores, at least one each.
+            threads = max(threads, local_ranks)
         # Where the engine computes and the API process runs (the API side is applied by the server).
         self.cpu_binding = plan_cpu_binding(threads)
         ready_reader, ready_writer = multiprocessing.Pipe(duplex=False)
@@ -103,7 +108,9 @@ class EngineCoreClient:
             name="EngineCore",
             args=(fd_config, input_address, output_address, ready_writer, os.getpid(), engine_core_cls,
                   self.cpu_binding),
-            daemon=True,
+            # A daemonic process may not start processes: with tensor parallelism the core starts its ranks
+            # (it still exits with the API process: it watches its parent).
+            daemon=local_ranks == 1,
         )
         with envs.child_environment(env):
             self.proc.start()

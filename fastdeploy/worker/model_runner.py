@@ -89,7 +89,8 @@ class ModelRunner:
     def kv_cache_bytes_per_block(self) -> int:
         mc = self.model_config
         itemsize = _DTYPE_BYTES[self.kv_cache_dtype]
-        return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * itemsize
+        num_kv_heads = mc.get_num_kv_heads(self.fd_config.parallel_config)  # this tensor-parallel rank's
+        return 2 * mc.num_layers * self.block_size * num_kv_heads * mc.head_dim * itemsize
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate K and V per layer as ``[num_blocks, block_size, num_kv_heads, head_dim]``.
@@ -98,7 +99,7 @@ class ModelRunner:
         budget costs memory only as it fills.
         """
         mc = self.model_config
-        shape = [num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim]
+        shape = [num_blocks, self.block_size, mc.get_num_kv_heads(self.fd_config.parallel_config), mc.head_dim]
         dtype = self.kv_cache_dtype
         self.kv_caches = [
             (paddle.empty(shape, dtype=dtype), paddle.empty(shape, dtype=dtype)) for _ in range(mc.num_layers)
