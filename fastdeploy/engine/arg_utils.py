@@ -225,6 +225,11 @@ class EngineArgs:
                 raise ValueError("--tensor-parallel-size > 1 is not supported by the PaddleFormers backend "
                                  "(--model-impl paddleformers): its layers are PaddleFormers' own, which hold "
                                  "every weight whole; use a natively implemented architecture.")
+        if config.data_parallel_size > 1 and (self.splitwise_role != "mixed" or self.kv_transfer_config
+                                              or self.pd_comm_port or self.scheduler_name == "global"):
+            raise ValueError("--data-parallel-size > 1 with prefill/decode disaggregation or the global scheduler "
+                             "is not supported by this FastDeploy build yet: run one instance per replica behind "
+                             "the router instead (--data-parallel-size).")
         if self.nnodes > 1 and tp % self.nnodes:
             raise ValueError(f"--tensor-parallel-size ({tp}) must be a multiple of --nnodes ({self.nnodes}).")
         # Every rank on this node computes on cores of its own (or shares them on purpose).
@@ -257,7 +262,6 @@ class EngineArgs:
             raise ValueError(f"Invalid --scheduling-policy {self.scheduling_policy!r}; expected fcfs or priority.")
         unbuilt = {
             "pipeline_parallel_size": self.pipeline_parallel_size != 1,
-            "data_parallel_size": self.data_parallel_size != 1,
             "speculative_config": self.speculative_config is not None,
             # PD goes through the router (--splitwise-role); FastDeploy's splitwise scheduler is not built.
             "scheduler_name": self.scheduler_name == "splitwise",

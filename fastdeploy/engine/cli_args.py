@@ -105,6 +105,8 @@ def _parallel_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--nnodes", "-n", type=int, default=1, help="Nodes the tensor-parallel ranks run on.")
     g.add_argument("--node-rank", "-r", type=int, default=0,
                    help="This node's rank (0: the head, which runs the engine; others run with --headless).")
+    g.add_argument("--headless", action="store_true",
+                   help="Run only this node's tensor-parallel ranks (a worker node, --node-rank > 0): no API server.")
     g.add_argument("--master-addr", type=str, default="127.0.0.1",
                    help="Address of the head node (the tensor-parallel group's store).")
     g.add_argument("--master-port", type=int, default=0,

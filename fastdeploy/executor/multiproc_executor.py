@@ -28,8 +28,10 @@ import os
 import pickle
 import signal
 import socket
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,6 +218,22 @@ class MultiprocExecutor:
             rank, _, value = self._recv()
             if rank == 0:
                 return value
+
+    def watch_ranks(self, on_death: Callable[[str], None], grace_s: float = 1.0) -> None:
+        """Call ``on_death(message)`` from a thread once a local rank exits while the executor is open.
+
+        A step in flight notices it itself (and reports why); an idle engine waits on no rank,
+        so without this a dead rank would go unnoticed until the next request.
+        """
+        def watch() -> None:
+            multiprocessing.connection.wait([p.sentinel for p in self.procs])
+            time.sleep(grace_s)  # a step in flight reports it first
+            if self._closed:
+                return
+            dead = next(p for p in self.procs if not p.is_alive())
+            on_death(f"Tensor-parallel worker {dead.name} died unexpectedly (exit code {dead.exitcode}).")
+
+        threading.Thread(target=watch, name="TPWorkerWatcher", daemon=True).start()
 
     def shutdown(self) -> None:
         """Stop every local rank (remote ones exit when their socket's peer is gone) and close the socket."""
