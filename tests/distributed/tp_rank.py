@@ -16,11 +16,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 def run_jobs(jobs: list[dict], max_new_tokens: int) -> dict[str, dict]:
     """Per job: prefill logits of each prompt, and the greedy continuation with its first step's logits."""
-    from tests.model_executor.utils import greedy_generate, load_our_model, prefill_logits
+    from tests.model_executor.utils import greedy_generate, prefill_logits
 
     results = {}
     for job in jobs:
-        model = load_our_model(job["path"], job.get("gguf_file"), dtype="float32")
+        model = _load(job)
         out = {"logits": [], "tokens": [], "first": [], "num_kv_heads": model.num_kv_heads}
         for prompt in job["prompts"]:
             out["logits"].append(prefill_logits(model, prompt))
@@ -29,6 +29,15 @@ def run_jobs(jobs: list[dict], max_new_tokens: int) -> dict[str, dict]:
             out["first"].append(first)
         results[job["name"]] = out
     return results
+
+
+def _load(job: dict):
+    """The job's model in fp32; ``quantization`` (e.g. "gguf": the GGUF blocks, sharded) when the job names one."""
+    from fastdeploy.config import LoadConfig, ModelConfig
+    from fastdeploy.model_executor.model_loader import get_model
+
+    model = os.path.join(job["path"], job["gguf_file"]) if job.get("gguf_file") else job["path"]
+    return get_model(ModelConfig(model=model, dtype="float32", quantization=job.get("quantization")), LoadConfig())
 
 
 def rank_main(rank: int, world: int, port: int, jobs: list[dict], max_new_tokens: int, out_path: str) -> None:
