@@ -120,3 +120,19 @@ def test_gguf_blocks_shard_whole_blocks_only():
     # Dense arrays past the end (vocabulary padding) are zero rows.
     padded = shard_tensor(np.ones((5, 2)), 0, 3, 3, "ParallelLMHead")
     assert padded.tolist() == [[1, 1], [1, 1], [0, 0]]
+
+
+def test_paddleformers_backend_is_refused_under_tp(tmp_path):
+    from fastdeploy.engine.arg_utils import EngineArgs
+
+    path = build_tiny_checkpoint("Phi3ForCausalLM", tmp_path / "phi3")  # no native class: "auto" is PaddleFormers
+    for impl in ("auto", "paddleformers"):
+        with pytest.raises(ValueError, match="not supported by the PaddleFormers backend"):
+            EngineArgs(model=path, tensor_parallel_size=2, model_impl=impl).create_engine_config()
+
+
+def test_dp_and_pd_together_are_refused():
+    from fastdeploy.engine.arg_utils import EngineArgs
+
+    with pytest.raises(ValueError, match="--data-parallel-size > 1 with prefill/decode"):
+        EngineArgs(data_parallel_size=2, splitwise_role="prefill").create_engine_config()
