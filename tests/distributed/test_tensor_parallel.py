@@ -37,7 +37,22 @@ def tiny_jobs(tmp_path_factory) -> list[dict]:
         path = build_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch), **overrides)
         jobs.append({"name": arch, "path": path, "prompts": _prompts(TINY_VOCAB)})
         jobs.append({"name": f"{arch}-chunked", "path": path, "prompts": _prompts(TINY_VOCAB)[1:], "prefill_chunk": 4})
+    # A bf16 checkpoint: under TP each rank widens only its slice (LazyBF16).
+    jobs.append({"name": "llama-bf16", "path": _bf16_copy(jobs[0]["path"], tmp_path_factory.mktemp("bf16")),
+                 "prompts": _prompts(TINY_VOCAB)[:2]})
     return jobs
+
+
+def _bf16_copy(path: str, out) -> str:
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = {k: v.to(torch.bfloat16) for k, v in load_file(f"{path}/model.safetensors").items()}
+    save_file(tensors, f"{out}/model.safetensors", metadata={"format": "pt"})
+    shutil.copy(f"{path}/config.json", f"{out}/config.json")
+    return str(out)
 
 
 def test_tiny_models_tp2_equal_tp1(tiny_jobs, tmp_path):
@@ -46,7 +61,8 @@ def test_tiny_models_tp2_equal_tp1(tiny_jobs, tmp_path):
     for job in tiny_jobs:
         _assert_same(results[job["name"]], reference[job["name"]])
     # Qwen3's single KV head is on both ranks; the others split theirs (2 -> 1 each).
-    assert {job["name"]: results[job["name"]]["num_kv_heads"] for job in tiny_jobs if "-" not in job["name"]} == {
+    assert {job["name"]: results[job["name"]]["num_kv_heads"] for job in tiny_jobs if "-" not in job["name"]
+            and "ForCausalLM" in job["name"]} == {
         "LlamaForCausalLM": 1, "Qwen3ForCausalLM": 1, "Ernie4_5ForCausalLM": 1}
 
 
@@ -151,3 +167,12 @@ def test_dp_and_pd_together_are_refused():
 
     with pytest.raises(ValueError, match="--data-parallel-size > 1 with prefill/decode"):
         EngineArgs(data_parallel_size=2, splitwise_role="prefill").create_engine_config()
+
+
+def test_lazy_bf16_widens_only_the_slice_read():
+    from fastdeploy.model_executor.model_loader.weight_utils import LazyBF16
+
+    values = np.array([[1.0, -2.5], [3.25, 0.5], [7.0, 8.0]], dtype=np.float32)
+    lazy = LazyBF16((values.view(np.uint32) >> 16).astype(np.uint16))
+    assert lazy.shape == (3, 2) and lazy[1:].tolist() == values[1:].tolist()
+    assert np.asarray(lazy).T.tolist() == lazy.T.tolist() == values.T.tolist()
