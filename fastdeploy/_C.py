@@ -49,8 +49,9 @@ logger = init_logger(__name__)
 
 LIB_NAME = "fastdeploy_ops"
 CSRC_DIR = Path(__file__).resolve().parent.parent / "csrc" / "cpu"
-# The oneDNN kernels need dnnl headers whose version matches Paddle's libdnnl.so.3.
-ONEDNN_SOURCES = ("linear.cc", "decoder_layer.cc")
+# The oneDNN kernels (and moe.cc, built on linear.cc's GEMM) need dnnl headers whose version matches
+# Paddle's libdnnl.so.3.
+ONEDNN_SOURCES = ("linear.cc", "decoder_layer.cc", "moe.cc")
 CXX_FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-DNDEBUG"]
 # Without Paddle's Intel OpenMP (below), the kernels run on GCC's libgomp.
 LD_FLAGS = ["-fopenmp"]

@@ -43,6 +43,17 @@ def linear(x: paddle.Tensor, packed: paddle.Tensor, bias: paddle.Tensor | None, 
     return _run("fd_linear", x, packed, bias, n, dtype)[0]
 
 
+def fused_moe(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights: paddle.Tensor, w13: paddle.Tensor,
+              w2: paddle.Tensor, inter: int, dtype: str) -> paddle.Tensor:
+    """Mixture-of-experts SwiGLU over ``x [T, H]`` -> ``[T, H]`` fp32 (csrc/cpu/moe.cc).
+
+    ``topk_ids`` (int64) / ``topk_weights`` ``[T, K]`` are the router's choice; ``w13`` / ``w2``
+    ``[E, bytes]`` hold each expert's gate|up ``[H, 2I]`` and down ``[I, H]`` weights packed by
+    :func:`linear_pack` in ``dtype``.
+    """
+    return _run("fd_fused_moe", x, topk_ids, topk_weights, w13, w2, inter, dtype)[0]
+
+
 def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
     """RMSNorm over the last dimension (fp32)."""
     return _run("fd_rms_norm", x, weight, eps)[0]

@@ -42,6 +42,13 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
 // Rows ids[0..count) of a [rows, k] table of ggml type `type`, dequantized to fp32 [count, k].
 void gguf_dequantize_rows(const uint8_t* w, int type, int64_t k, const int64_t* ids, int64_t count, float* out);
 
+// moe.cc: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]), each expert a SwiGLU MLP whose
+// weights are packed by fd_linear_pack: w13 + e * w13_stride is expert e's [H, 2I] gate|up, w2 + e * w2_stride
+// its [I, H] down projection.
+void fused_moe(const float* x, int64_t num_tokens, int64_t hidden, const int64_t* topk_ids,
+               const float* topk_weights, int64_t top_k, const uint8_t* w13, int64_t w13_stride, const uint8_t* w2,
+               int64_t w2_stride, int64_t num_experts, int64_t inter, bool bf16, float* out);
+
 // layernorm.cc
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t h, float* out);
 // residual += x; x = rms_norm(residual) * weight.

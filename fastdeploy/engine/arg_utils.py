@@ -65,6 +65,22 @@ def warn_ignored_flags(values: Mapping[str, Any], ignored: Mapping[str, tuple[An
 
 
 
+# Native model classes whose every layer splits over tensor-parallel ranks (the dense Llama family);
+# the MoE experts and DeepSeek's latent attention do not shard yet.
+_TENSOR_PARALLEL_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Ernie4_5ForCausalLM")
+
+
+def _check_tensor_parallel_architecture(model_config: ModelConfig) -> None:
+    """Refuse by name a native architecture whose layers are not built to split (-tp > 1)."""
+    from fastdeploy.model_executor.models.registry import ModelRegistry
+
+    cls = ModelRegistry.resolve(model_config.architectures, "fastdeploy")
+    if cls.__name__ not in _TENSOR_PARALLEL_MODELS:
+        raise ValueError(f"--tensor-parallel-size > 1 is not supported for {cls.__name__} by this FastDeploy build "
+                         f"yet (its MoE experts / attention do not shard); tensor parallel runs "
+                         f"{', '.join(_TENSOR_PARALLEL_MODELS)}.")
+
+
 def _native_architecture(model_config: ModelConfig) -> bool:
     """Whether the model's architecture has a native class (else "auto" serves it through PaddleFormers)."""
     from fastdeploy.model_executor.models.registry import ModelRegistry
@@ -225,6 +241,7 @@ class EngineArgs:
                 raise ValueError("--tensor-parallel-size > 1 is not supported by the PaddleFormers backend "
                                  "(--model-impl paddleformers): its layers are PaddleFormers' own, which hold "
                                  "every weight whole; use a natively implemented architecture.")
+            _check_tensor_parallel_architecture(model_config)
         if config.data_parallel_size > 1 and (self.splitwise_role != "mixed" or self.kv_transfer_config
                                               or self.pd_comm_port or self.scheduler_name == "global"):
             raise ValueError("--data-parallel-size > 1 with prefill/decode disaggregation or the global scheduler "

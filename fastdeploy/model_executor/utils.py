@@ -62,12 +62,16 @@ def check_all_loaded(params: dict[str, Any], layers: dict[str, Any], loaded: dic
     """Raise when a parameter got no checkpoint tensor.
 
     ``loaded`` maps parameter names to the shard ids written into them (None = the whole
-    tensor); a fused parameter is complete once each of its owner's ``shard_ids`` arrived.
+    tensor); a fused parameter is complete once each of its owner's ``shard_ids`` (or
+    ``expected_shards(leaf name)``) arrived.
     """
     missing = []
     for name in params:
-        owner = layers.get(name.rpartition(".")[0])
-        expected = set(getattr(owner, "shard_ids", ())) or {None}
+        owner_name, _, leaf = name.rpartition(".")
+        owner = layers.get(owner_name)
+        # A layer whose parameters fill from different shards (FusedMoE's experts) says so per parameter.
+        per_param = getattr(owner, "expected_shards", None)
+        expected = per_param(leaf) if per_param is not None else set(getattr(owner, "shard_ids", ())) or {None}
         got = loaded.get(name, set())
         if None not in got and not expected <= got:
             missing.append(name)

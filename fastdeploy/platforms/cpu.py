@@ -154,6 +154,8 @@ class CpuPlatform(Platform):
                 silu_and_mul="csrc" if "fd_silu_and_mul" in built else "paddle",
                 attention=f"paged-{isa}" if attention else "paddle",
                 attn_backend_cls=attn_backend_cls,
+                # Its expert weights are packed by fd_linear_pack: only with the linear kernel.
+                fused_moe="csrc" if {"fd_fused_moe", "fd_linear"} <= built else "paddle",
                 decoder_layer="fd_decoder_layer" in built,
                 isa=cpu_isa() if built else "",
                 gguf=gguf_kernel_path() if {"fd_gguf_linear", "fd_gguf_embedding"} <= built else "paddle",

@@ -41,6 +41,8 @@ class OpBackend:
     # Attention backend: a name for logs ("paged-avx512", "paged-avx2", "paddle") and the class layers build.
     attention: str = "paddle"
     attn_backend_cls: str = PADDLE_ATTN_BACKEND
+    # Mixture-of-experts layers: "csrc" (fd_fused_moe on packed expert weights) or "paddle" (a matmul per expert).
+    fused_moe: str = "paddle"
     # Whether a whole Llama-style decoder layer runs as one kernel (fd_decoder_layer) once its weights are packed.
     decoder_layer: bool = False
     # The instruction set the kernels were built for, for logs ("AVX512-BF16", "AVX2", ...).
@@ -50,7 +52,7 @@ class OpBackend:
     gguf: str = "paddle"
 
     def uses_kernel(self, op: str) -> bool:
-        """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention") runs our kernel."""
+        """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention", "fused_moe") runs our kernel."""
         return getattr(self, op) != "paddle"
 
     def describe(self, dtype: str = "float32") -> str:
@@ -61,7 +63,7 @@ class OpBackend:
         norm = self.rms_norm if self.rms_norm != "paddle" or not self.paddle_fused_rms_norm else "paddle-fused"
         layer = "fused" if self.decoder_layer else "per-op"
         return (f"linear: {linear}{isa}, attention: {self.attention}, rms_norm: {norm}, "
-                f"silu_and_mul: {self.silu_and_mul}, decoder layer: {layer}, gguf: {self.gguf}")
+                f"silu_and_mul: {self.silu_and_mul}, fused_moe: {self.fused_moe}, decoder layer: {layer}, gguf: {self.gguf}")
 
 
 class Platform:

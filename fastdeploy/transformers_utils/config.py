@@ -20,6 +20,13 @@ _GGUF_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "ernie4_5": "Ernie4_5ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+}
+# MoE sizes transformers' GGUF config reader leaves out: GGUF key (after "<arch>.") -> config field.
+_GGUF_MOE_FIELDS = {
+    "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
 }
 
 
@@ -37,6 +44,11 @@ def _patch_gguf_config(config: PretrainedConfig, gguf_path: str) -> None:
         arch = arch or _causal_lm_architecture(config.model_type)
         if arch:
             config.architectures = [arch]
+    gguf_arch = str(meta.get("general.architecture", ""))
+    for key, field in _GGUF_MOE_FIELDS.items():
+        value = meta.get(f"{gguf_arch}.{key}")
+        if value is not None:
+            setattr(config, field, int(value))
     # The special token ids the GGUF file declares are the ones its chat format uses.
     for attr, key in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("pad_token_id", "padding")):
         value = meta.get(f"tokenizer.ggml.{key}_token_id")

@@ -15,6 +15,7 @@ from fastdeploy.config import FDConfig
 from fastdeploy.engine.request import LogprobsLists
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.logger import init_logger
+from fastdeploy.model_executor.layers.attention.kv_cache_spec import FullAttentionSpec, kv_cache_bytes_per_block
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, logprobs_of_rows
 from fastdeploy.model_executor.model_loader import get_model
@@ -24,7 +25,6 @@ from fastdeploy.worker.model_runner_output import EMPTY_MODEL_RUNNER_OUTPUT, Mod
 logger = init_logger(__name__)
 
 _UINT64_MASK = (1 << 64) - 1
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def _split_logprobs(
@@ -86,24 +86,28 @@ class ModelRunner:
         """The model's choice (bf16 for a bf16 model on the C++ kernels), float32 before loading."""
         return getattr(self.model, "kv_cache_dtype", None) or "float32"
 
-    def kv_cache_bytes_per_block(self) -> int:
+    def kv_cache_specs(self) -> list[FullAttentionSpec]:
+        """One spec per attention layer: the model's own (``get_kv_cache_spec``, e.g. MLA's latent),
+        else K and V of ``num_kv_heads x head_dim`` per layer from the config."""
+        get_spec = getattr(self.model, "get_kv_cache_spec", None)
+        if get_spec is not None:
+            return get_spec()
         mc = self.model_config
-        itemsize = _DTYPE_BYTES[self.kv_cache_dtype]
-        num_kv_heads = mc.get_num_kv_heads(self.fd_config.parallel_config)  # this tensor-parallel rank's
-        return 2 * mc.num_layers * self.block_size * num_kv_heads * mc.head_dim * itemsize
+        # K and V of this tensor-parallel rank's KV heads (a share, or one replicated head).
+        num_kv_heads = mc.get_num_kv_heads(self.fd_config.parallel_config)
+        return [FullAttentionSpec(num_kv_heads, mc.head_dim, self.kv_cache_dtype)] * mc.num_layers
+
+    def kv_cache_bytes_per_block(self) -> int:
+        return kv_cache_bytes_per_block(self.kv_cache_specs(), self.block_size)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate K and V per layer as ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+        """Allocate each layer's cache tensors as its spec says (K and V as
+        ``[num_blocks, block_size, num_kv_heads, head_dim]`` for full attention).
 
         ``paddle.empty`` leaves pages untouched until written, so a large
         budget costs memory only as it fills.
         """
-        mc = self.model_config
-        shape = [num_blocks, self.block_size, mc.get_num_kv_heads(self.fd_config.parallel_config), mc.head_dim]
-        dtype = self.kv_cache_dtype
-        self.kv_caches = [
-            (paddle.empty(shape, dtype=dtype), paddle.empty(shape, dtype=dtype)) for _ in range(mc.num_layers)
-        ]
+        self.kv_caches = [spec.allocate(num_blocks, self.block_size) for spec in self.kv_cache_specs()]
 
     # ---- batch state -------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:

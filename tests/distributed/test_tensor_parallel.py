@@ -176,3 +176,11 @@ def test_lazy_bf16_widens_only_the_slice_read():
     lazy = LazyBF16((values.view(np.uint32) >> 16).astype(np.uint16))
     assert lazy.shape == (3, 2) and lazy[1:].tolist() == values[1:].tolist()
     assert np.asarray(lazy).T.tolist() == lazy.T.tolist() == values.T.tolist()
+
+
+def test_models_whose_layers_do_not_shard_are_refused_under_tp(tmp_path):
+    from fastdeploy.engine.arg_utils import EngineArgs
+
+    path = build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "moe")  # the experts hold every weight whole
+    with pytest.raises(ValueError, match="not supported for Qwen3MoeForCausalLM"):
+        EngineArgs(model=path, tensor_parallel_size=2).create_engine_config()

@@ -4,12 +4,19 @@ import numpy as np
 import pytest
 
 from fastdeploy import LLM, SamplingParams
-from tests.model_executor.utils import ARCHITECTURES, build_tiny_checkpoint, hf_greedy, hf_logits, load_hf_model
+from tests.model_executor.utils import (
+    ARCHITECTURES,
+    MOE_ARCHITECTURES,
+    build_tiny_checkpoint,
+    hf_greedy,
+    hf_logits,
+    load_hf_model,
+)
 
 PROMPTS = [[5, 17, 99, 3, 250, 7], [11] * 9, list(range(40, 77)), [900, 901, 3]]
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", ARCHITECTURES + MOE_ARCHITECTURES)
 def test_engine_greedy_and_prompt_logprobs_match_transformers(arch, tmp_path):
     folder = build_tiny_checkpoint(arch, tmp_path / arch)
     hf = load_hf_model(folder)

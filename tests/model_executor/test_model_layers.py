@@ -82,6 +82,10 @@ def test_rope_matches_transformers(style):
         {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
          "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
         {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+        # YaRN (Qwen's form: attention factor from `factor`) and DeepSeek's (mscale / mscale_all_dim).
+        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512},
+        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 64,
+         "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0},
     ],
 )  # fmt: skip
 def test_rope_scaling_matches_transformers(params):
@@ -106,8 +110,8 @@ def test_partial_rotary_leaves_tail_untouched():
 
 
 def test_unsupported_rope_scaling_is_clear():
-    with pytest.raises(NotImplementedError, match="yarn"):
-        get_rope(16, 64, rope_parameters={"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4})
+    with pytest.raises(NotImplementedError, match="dynamic"):
+        get_rope(16, 64, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4})
 
 
 def test_fused_linears_load_hf_shards():

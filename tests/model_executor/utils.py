@@ -20,6 +20,8 @@ from fastdeploy.model_executor.layers.attention.metadata import build_attention_
 
 TINY_VOCAB = 1000
 ARCHITECTURES = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Ernie4_5ForCausalLM"]
+# Mixture-of-experts architectures: 8 experts, top-2, one sparse and one dense layer (or both sparse).
+MOE_ARCHITECTURES = ["Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "Ernie4_5_MoeForCausalLM"]
 # Architectures with no native implementation, served through the PaddleFormers backend.
 PADDLEFORMERS_ONLY_ARCHITECTURES = ["Phi3ForCausalLM"]
 
@@ -42,8 +44,34 @@ _ARCH_OPTIONS: dict[str, dict[str, Any]] = {
     "Qwen2ForCausalLM": dict(tie_word_embeddings=False),
     "Qwen3ForCausalLM": dict(tie_word_embeddings=True, head_dim=32),
     "Ernie4_5ForCausalLM": dict(tie_word_embeddings=True, use_bias=True, head_dim=16),
+    # Layer 1 dense (mlp_only_layers), renormalized top-k.
+    "Qwen3MoeForCausalLM": dict(tie_word_embeddings=False, head_dim=32, num_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=32, norm_topk_prob=True, mlp_only_layers=[1]),
+    # Layer 0 dense (decoder_sparse_step 2), top-k not renormalized, gated shared expert.
+    "Qwen2MoeForCausalLM": dict(tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=32, shared_expert_intermediate_size=48, norm_topk_prob=False,
+                                decoder_sparse_step=2),
+    # Both layers sparse, biases, two shared experts; the random correction bias changes the choice.
+    "Ernie4_5_MoeForCausalLM": dict(tie_word_embeddings=True, use_bias=True, head_dim=16, moe_num_experts=8, moe_k=2,
+                                    moe_intermediate_size=32, moe_num_shared_experts=2, moe_layer_start_index=0,
+                                    moe_layer_end_index=1, moe_layer_interval=1),
     # Sliding window shorter than the test sequences, partial rotary: both must be honoured.
     "Phi3ForCausalLM": dict(tie_word_embeddings=False, sliding_window=12, partial_rotary_factor=0.5),
+    # MLA with distinct nope / rope / v widths and a q LoRA; YaRN with DeepSeek's mscale (V3) or none (V2-Lite's
+    # q_proj, softmax greedy routing). Layer 0 dense, the rest MoE: 8 experts, 2 per token, shared experts.
+    "DeepseekV3ForCausalLM": dict(
+        tie_word_embeddings=False, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=24, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1,
+        num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0},
+    ),
+    "DeepseekV2ForCausalLM": dict(
+        tie_word_embeddings=False, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=16,
+        qk_nope_head_dim=16, v_head_dim=24, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=2,
+        num_experts_per_tok=2, first_k_dense_replace=1, routed_scaling_factor=1.0, topk_method="greedy",
+        norm_topk_prob=False, n_group=1, topk_group=1,
+    ),
 }
 
 
@@ -57,6 +85,11 @@ def tiny_hf_config(arch: str, **overrides: Any):
         "Qwen3ForCausalLM": transformers.Qwen3Config,
         "Ernie4_5ForCausalLM": transformers.Ernie4_5Config,
         "Phi3ForCausalLM": transformers.Phi3Config,
+        "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
+        "Qwen2MoeForCausalLM": transformers.Qwen2MoeConfig,
+        "Ernie4_5_MoeForCausalLM": transformers.Ernie4_5_MoeConfig,
+        "DeepseekV3ForCausalLM": transformers.DeepseekV3Config,
+        "DeepseekV2ForCausalLM": transformers.DeepseekV2Config,
     }[arch]
     kwargs = {**_COMMON, **_ARCH_OPTIONS[arch], **overrides}
     config = config_cls(**kwargs)
@@ -160,10 +193,14 @@ class PagedRunner:
     def __init__(self, model, num_blocks: int = 128, block_size: int = 4, seed: int = 0) -> None:
         self.model = model
         self.block_size = block_size
-        shape = [num_blocks, block_size, model.num_kv_heads, model.head_dim]
-        dtype = getattr(model, "kv_cache_dtype", "float32")
-        # Zero-filled so that masked padding slots hold finite values.
-        self.kv_caches = [(paddle.zeros(shape, dtype), paddle.zeros(shape, dtype)) for _ in range(model.num_layers)]
+        get_spec = getattr(model, "get_kv_cache_spec", None)
+        if get_spec is not None:  # the model's own cache layout (MLA's latent)
+            self.kv_caches = [spec.allocate(num_blocks, block_size, zero=True) for spec in get_spec()]
+        else:
+            shape = [num_blocks, block_size, model.num_kv_heads, model.head_dim]
+            dtype = getattr(model, "kv_cache_dtype", "float32")
+            # Zero-filled so that masked padding slots hold finite values.
+            self.kv_caches = [(paddle.zeros(shape, dtype), paddle.zeros(shape, dtype)) for _ in range(model.num_layers)]
         self.free_blocks = [int(b) for b in np.random.default_rng(seed).permutation(num_blocks)]
         self.seqs: dict[Any, _Seq] = {}
 

@@ -110,10 +110,10 @@ def test_describe_names_each_path():
     backend = OpBackend(linear="panel", rms_norm="csrc", silu_and_mul="csrc", attention="paged-avx2",
                         decoder_layer=True, isa="AVX2", gguf="avx2")
     assert backend.describe("bfloat16") == ("linear: panel-bf16 (AVX2), attention: paged-avx2, rms_norm: csrc, "
-                                            "silu_and_mul: csrc, decoder layer: fused, gguf: avx2")
+                                            "silu_and_mul: csrc, fused_moe: paddle, decoder layer: fused, gguf: avx2")
     assert OpBackend(paddle_fused_rms_norm=True).describe() == (
-        "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, decoder layer: per-op, "
-        "gguf: paddle")
+        "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, fused_moe: paddle, "
+        "decoder layer: per-op, gguf: paddle")
 
 
 def test_fd_cpu_gguf_kernel_picks_the_gguf_path(monkeypatch):

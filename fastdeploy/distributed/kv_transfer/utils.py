@@ -32,5 +32,13 @@ def numpy_view(tensor: Any) -> np.ndarray:
 
 
 def numpy_kv_caches(kv_caches: Sequence[tuple[Any, Any]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The model runner's ``[(K, V)] * num_layers`` paddle tensors as in-place numpy views."""
+    """The model runner's ``[(K, V)] * num_layers`` paddle tensors as in-place numpy views.
+
+    Raises:
+        ValueError: the layers do not hold a K and a V (multi-head latent attention's single latent).
+    """
+    if any(len(layer) != 2 for layer in kv_caches):
+        raise ValueError("The KV connectors (--kv-transfer-config) move separate K and V caches; this model's "
+                         "multi-head latent attention keeps one latent cache per layer, which they do not "
+                         "transfer yet.")
     return [(numpy_view(k), numpy_view(v)) for k, v in kv_caches]

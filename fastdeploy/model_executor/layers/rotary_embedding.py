@@ -21,7 +21,7 @@ import numpy as np
 import paddle
 from paddle import nn
 
-_SUPPORTED_SCALING = ("default", "linear", "llama3")
+_SUPPORTED_SCALING = ("default", "linear", "llama3", "yarn")
 
 
 def _inv_freq(base: float, rotary_dim: int) -> np.ndarray:
@@ -42,6 +42,51 @@ def _llama3_inv_freq(inv_freq: np.ndarray, scaling: dict[str, Any]) -> np.ndarra
     blended = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
     return np.where(medium, blended, scaled).astype(np.float32)
+
+
+def yarn_get_mscale(scale: float = 1.0, mscale: float = 1.0) -> float:
+    """YaRN's attention-temperature factor ``0.1 * mscale * ln(scale) + 1`` (1 when not extending)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_inv_freq(base: float, rotary_dim: int, scaling: dict[str, Any], max_position: int) -> tuple[np.ndarray, float]:
+    """YaRN (arXiv 2309.00071): ``(inv_freq, attention_factor)``.
+
+    Frequencies below the ``beta_slow`` rotation count are interpolated by ``factor``, those above
+    ``beta_fast`` kept, with a linear ramp between; cos/sin are scaled by the attention factor,
+    ``mscale(factor, mscale) / mscale(factor, mscale_all_dim)`` when both are given (DeepSeek's
+    form), else ``mscale(factor)``, unless ``attention_factor`` sets it outright.
+    """
+    orig = int(scaling.get("original_max_position_embeddings") or max_position)
+    factor = scaling.get("factor") or max_position / orig
+    factor = float(factor)
+    mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        if mscale and mscale_all_dim:
+            attention_factor = yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim)
+        else:
+            attention_factor = yarn_get_mscale(factor)
+    beta_fast = float(scaling.get("beta_fast") or 32)
+    beta_slow = float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:  # the dimension that turns `rotations` times over `orig`
+        return rotary_dim * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero
+    pos_freqs = np.float32(base) ** (np.arange(0, rotary_dim, 2, dtype=np.int64).astype(np.float32)
+                                     / np.float32(rotary_dim))
+    extrapolation = np.float32(1.0) / pos_freqs
+    interpolation = np.float32(1.0) / (np.float32(factor) * pos_freqs)
+    ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float32) - low) / (high - low), 0, 1).astype(np.float32)
+    keep = np.float32(1.0) - ramp  # 1: the frequency is kept (extrapolated), 0: interpolated
+    inv_freq = interpolation * (np.float32(1.0) - keep) + extrapolation * keep
+    return inv_freq.astype(np.float32), float(attention_factor)
 
 
 class RotaryEmbedding(nn.Layer):
@@ -76,12 +121,18 @@ class RotaryEmbedding(nn.Layer):
         self.is_neox_style = is_neox_style
         scaling = dict(scaling or {})
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if rope_type == "deepseek_yarn":  # the name DeepSeek's own configs used before "yarn"
+            rope_type = "yarn"
         if rope_type not in _SUPPORTED_SCALING:
             raise NotImplementedError(
                 f"RoPE scaling type {rope_type!r} is not supported yet; supported: {list(_SUPPORTED_SCALING)}."
             )
         inv_freq = _inv_freq(base, rotary_dim)
-        if rope_type == "linear":
+        # YaRN scales cos and sin (so q.k) by its attention factor; 1 for every other type.
+        self.attention_factor = 1.0
+        if rope_type == "yarn":
+            inv_freq, self.attention_factor = _yarn_inv_freq(base, rotary_dim, scaling, max_position_embeddings)
+        elif rope_type == "linear":
             inv_freq = (inv_freq / np.float32(scaling["factor"])).astype(np.float32)
         elif rope_type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
@@ -100,6 +151,9 @@ class RotaryEmbedding(nn.Layer):
         d, rd, half = self.head_size, self.rotary_dim, self.rotary_dim // 2
         freqs = np.outer(np.arange(max_pos, dtype=np.float32), inv_freq).astype(np.float32)  # [P, rd/2]
         cos_half, sin_half = np.cos(freqs), np.sin(freqs)
+        if self.attention_factor != 1.0:
+            cos_half = (cos_half * np.float32(self.attention_factor)).astype(np.float32)
+            sin_half = (sin_half * np.float32(self.attention_factor)).astype(np.float32)
         cos = np.ones((max_pos, d), dtype=np.float32)
         sin = np.zeros((max_pos, d), dtype=np.float32)
         rot = np.zeros((d, d), dtype=np.float32)

@@ -169,7 +169,21 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    # MoE (qwen2moe / qwen3moe): the router, the shared expert and its gate.
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    # Every expert's projection stacked [E, out, in]; the iterator yields them one expert at a time.
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
+# MoE routers (GateLinear, never quantized): dequantized even with keep_blocks.
+_FP32_ROUTER_SUFFIXES = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")
+# Stacked expert tensors, split into Hugging Face's per-expert names.
+_STACKED_EXPERTS_RE = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight$")
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Tensors llama.cpp derives for itself (e.g. llama3 rope factors); the HF config carries the same.
 _GGUF_SKIPPED = {"rope_freqs", "rope_factors_long", "rope_factors_short"}
@@ -217,7 +231,8 @@ def gguf_weights_iterator(
 
     Dequantized to fp32, or with ``keep_blocks`` (``--quantization gguf``) every matrix as its
     raw :class:`GGUFBlocks` whatever its type (the layer's method decides what it can serve);
-    vectors (norms, biases) are dequantized either way.
+    vectors (norms, biases), MoE routers and the stacked MoE experts (``ffn_*_exps``, yielded one expert at a
+    time under Hugging Face's per-expert names) are dequantized either way.
     """
     from fastdeploy.transformers_utils.gguf_utils import (
         load_gguf_blocks,
@@ -246,9 +261,17 @@ def gguf_weights_iterator(
             bar.update(1)
             if hf_name is None:
                 continue
-            if keep_blocks and len(info.dims) == 2:
+            stacked = _STACKED_EXPERTS_RE.match(hf_name)
+            if keep_blocks and len(info.dims) == 2 and not hf_name.endswith(_FP32_ROUTER_SUFFIXES):
                 blocks = load_gguf_blocks(data, info)
                 yield hf_name, dataclasses.replace(blocks, data=unpermute(hf_name, blocks.data))
+            elif stacked is not None:
+                # MoE experts are dequantized whatever keep_blocks says: the expert kernel takes fp32 (packed bf16).
+                experts = load_gguf_tensor(data, info)
+                for e in range(experts.shape[0]):
+                    yield f"{stacked.group(1)}.{e}.{stacked.group(2)}.weight", experts[e]
+            elif hf_name.endswith("shared_expert_gate.weight"):
+                yield hf_name, load_gguf_tensor(data, info).reshape(1, -1)  # llama.cpp keeps it as [H]
             else:
                 yield hf_name, unpermute(hf_name, load_gguf_tensor(data, info))
     del data

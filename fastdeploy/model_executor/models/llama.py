@@ -11,7 +11,7 @@ layers fall back to plain Paddle ops.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,19 +173,21 @@ class LlamaDecoderLayer(nn.Layer):
     """
 
     def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str,
-                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "", mlp: nn.Layer | None = None) -> None:
         super().__init__()
         hidden, eps = hf_config.hidden_size, hf_config.rms_norm_eps
         self.self_attn = LlamaAttention(hf_config, options, rotary_emb, dtype, quant_config, f"{prefix}.self_attn")
-        self.mlp = LlamaMLP(hidden, hf_config.intermediate_size, options.mlp_bias, dtype, quant_config,
-                            f"{prefix}.mlp")
+        # ``mlp``: another feed-forward (an MoE block) instead of the dense SwiGLU.
+        self.mlp = mlp if mlp is not None else LlamaMLP(hidden, hf_config.intermediate_size, options.mlp_bias, dtype,
+                                                        quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
-        self.intermediate_size = self.mlp.down_proj.input_size  # this rank's share
+        down = getattr(self.mlp, "down_proj", None)  # an MoE block has none (and no fused kernel)
+        self.intermediate_size = down.input_size if down is not None else hf_config.intermediate_size  # this rank's
         # The fused kernel runs a whole layer with no all-reduce inside: under tensor parallelism
         # the layer runs op by op (LlamaModel logs it once).
         self._fusable = (get_op_backend().decoder_layer and self.input_layernorm.uses_kernel
-                         and self.mlp.down_proj.tp_size == 1)
+                         and self.self_attn.o_proj.tp_size == 1)
 
     # The fused kernel's per-layer arguments ((before the step's tensors), (after)), set once the
     # weights are packed (process_weights_after_loading); None: the layer runs op by op.
@@ -197,6 +199,8 @@ class LlamaDecoderLayer(nn.Layer):
 
     def _build_fused_args(self) -> tuple | None:
         attn, mlp = self.self_attn, self.mlp
+        if not isinstance(mlp, LlamaMLP):  # the fused kernel computes the dense SwiGLU only
+            return None
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         weights = [m.quant_method.kernel_weight(m) for m in linears]
         if not self._fusable or any(w is None for w in weights):
@@ -245,7 +249,8 @@ class LlamaModel(nn.Layer):
     """Embedding, decoder layers and the final norm."""
 
     def __init__(self, hf_config: Any, options: DecoderOptions, dtype: str = "float32",
-                 quant_config: QuantizationConfig | None = None, prefix: str = "model") -> None:
+                 quant_config: QuantizationConfig | None = None, prefix: str = "model",
+                 build_mlp: Callable[[int, str], nn.Layer | None] | None = None) -> None:
         super().__init__()
         self.config = hf_config
         base, scaling, rotary_dim = rope_settings(hf_config)
@@ -261,7 +266,8 @@ class LlamaModel(nn.Layer):
         self.embed_tokens = VocabParallelEmbedding(hf_config.vocab_size, hf_config.hidden_size, dtype,
                                                    quant_config, f"{prefix}.embed_tokens")
         self.layers = nn.LayerList([
-            LlamaDecoderLayer(hf_config, options, self.rotary_emb, dtype, quant_config, f"{prefix}.layers.{i}")
+            LlamaDecoderLayer(hf_config, options, self.rotary_emb, dtype, quant_config, f"{prefix}.layers.{i}",
+                              build_mlp(i, f"{prefix}.layers.{i}.mlp") if build_mlp is not None else None)
             for i in range(hf_config.num_hidden_layers)
         ])
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype)
@@ -317,9 +323,10 @@ class LlamaForCausalLM(nn.Layer):
         self.config = hf_config
         self.dtype_name = dtype
         self.options = self.decoder_options(hf_config)
-        self.model = LlamaModel(hf_config, self.options, dtype, quant_config)
-        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype,
-                                      quant_config=quant_config, prefix="lm_head")
+        self.model = LlamaModel(hf_config, self.options, dtype, quant_config,
+                                build_mlp=lambda i, prefix: self.build_mlp(i, prefix, dtype, quant_config))
+        self.lm_head = ParallelLMHead(hf_config.vocab_size, hf_config.hidden_size, bias=self.lm_head_bias(hf_config),
+                                      dtype=dtype, quant_config=quant_config, prefix="lm_head")
         self.logits_processor = LogitsProcessor(hf_config.vocab_size)
         self.num_layers = hf_config.num_hidden_layers
         self.num_kv_heads = self.model.layers[0].self_attn.num_kv_heads if self.num_layers else 0
@@ -335,6 +342,16 @@ class LlamaForCausalLM(nn.Layer):
         """Architecture switches read from the config; subclasses override this."""
         bias = bool(getattr(hf_config, "attention_bias", False))
         return DecoderOptions(qkv_bias=bias, o_bias=bias, mlp_bias=bool(getattr(hf_config, "mlp_bias", False)))
+
+    @classmethod
+    def lm_head_bias(cls, hf_config: Any) -> bool:
+        """Whether the LM head has a bias (ERNIE 4.5 MoE's with ``use_bias``); subclasses override this."""
+        return False
+
+    def build_mlp(self, layer_idx: int, prefix: str, dtype: str,
+                  quant_config: QuantizationConfig | None) -> nn.Layer | None:
+        """The feed-forward of layer ``layer_idx`` when it is not the dense SwiGLU (MoE models), else None."""
+        return None
 
     def forward(
         self,

@@ -98,8 +98,12 @@ def test_gguf_names_map_to_hf():
     for proj in ("gate", "up", "down"):
         assert gguf_to_hf_name(f"blk.0.ffn_{proj}.weight") == f"model.layers.0.mlp.{proj}_proj.weight"
     assert gguf_to_hf_name("rope_freqs.weight") is None
+    # MoE: stacked experts (split per expert by the iterator), router, shared expert.
+    assert gguf_to_hf_name("blk.0.ffn_gate_exps.weight") == "model.layers.0.mlp.experts.gate_proj.weight"
+    assert gguf_to_hf_name("blk.4.ffn_gate_inp.weight") == "model.layers.4.mlp.gate.weight"
+    assert gguf_to_hf_name("blk.4.ffn_down_shexp.weight") == "model.layers.4.mlp.shared_expert.down_proj.weight"
     with pytest.raises(ValueError, match="no known Hugging Face name"):
-        gguf_to_hf_name("blk.0.ffn_gate_exps.weight")
+        gguf_to_hf_name("blk.0.ssm_conv1d.weight")
 
 
 def _llama_cpp_permute(w, n_head):

@@ -12,6 +12,7 @@ import pytest
 from fastdeploy.model_executor.models.registry import ModelRegistry
 from tests.model_executor.utils import (
     ARCHITECTURES,
+    MOE_ARCHITECTURES,
     TINY_VOCAB,
     PagedRunner,
     build_tiny_checkpoint,
@@ -25,7 +26,7 @@ from tests.model_executor.utils import (
 )
 
 
-@pytest.fixture(scope="module", params=ARCHITECTURES)
+@pytest.fixture(scope="module", params=ARCHITECTURES + MOE_ARCHITECTURES)
 def tiny(request, tmp_path_factory):
     """(architecture, our model, transformers model, checkpoint folder) of one tiny random checkpoint."""
     path = build_tiny_checkpoint(request.param, tmp_path_factory.mktemp(request.param))

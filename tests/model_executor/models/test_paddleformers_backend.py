@@ -274,7 +274,9 @@ def test_weight_mapping_reads_paddleformers_statements():
             "model.embed_tokens.weight -> lm_head.weight",
             "model.embed_tokens.weight -> model.embed_tokens.weight",
             "lm_head.weight -> _",
-            "model.layers.$LAYER_ID.mlp.experts.$EXPERT_ID.up_proj.weight -> x",  # MoE: not read
+            "model.layers.$LAYER_ID.mlp.experts.$EXPERT_ID.up_proj.weight^T -> model.layers.$LAYER_ID.mlp.experts."
+            "$EXPERT_ID.up_proj.weight",
+            "model.layers.$LAYER_ID.mlp.$OTHER.weight -> x",  # an unknown placeholder: not read
         ]
     )
     assert mapping.targets("model.layers.11.self_attn.o_proj.weight") == [
@@ -289,7 +291,10 @@ def test_weight_mapping_reads_paddleformers_statements():
         "model.embed_tokens.weight",
     }
     assert mapping.targets("lm_head.weight") == []
-    assert mapping.targets("model.layers.0.mlp.experts.0.up_proj.weight") is None
+    assert mapping.targets("model.layers.2.mlp.experts.13.up_proj.weight") == [
+        Target("model.layers.2.mlp.experts.13.up_proj.weight", None, True)
+    ]
+    assert mapping.targets("model.layers.2.mlp.other.weight") is None
     layout = mapping.layout("model.layers.5.self_attn.qkv_proj")
     assert (layout.kind, layout.num_heads, layout.num_kv_heads) == ("fused_qkv", 8, 2)
     assert mapping.layout("model.layers.5.mlp.up_gate_proj").kind == "fused_ffn"
@@ -321,3 +326,43 @@ def test_windowed_metadata_masks():
         np.isfinite(w.prefills[0].causal_mask.numpy()),
         [[0, 0, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 1, 1, 1]],
     )
+
+
+# ---------------------------------------------------------------------------- MoE
+
+
+def test_qwen2_moe_experts_are_mapped(tmp_path):
+    """Every layer sparse (PaddleFormers' Qwen2-MoE has no dense layers): experts and shared expert load
+    through the $EXPERT_ID statements; batched, alone and over a prefix-cache hit equal native and transformers."""
+    folder = build_tiny_checkpoint("Qwen2MoeForCausalLM", tmp_path / "qwen2moe", decoder_sparse_step=1)
+    hf = load_hf_model(folder)
+    llm = _llm(folder, "paddleformers", enable_prefix_caching=True)
+    model = _served_model(llm)
+    assert isinstance(model, PaddleFormersForCausalLM)
+    assert model.mapping.targets("model.layers.1.mlp.experts.7.down_proj.weight")[0].name == (
+        "model.layers.1.mlp.experts.7.down_proj.weight")
+    want = [hf_greedy(hf, p, MAX_TOKENS) for p in PROMPTS]
+    assert _generate(llm, PROMPTS) == want
+    assert [_generate(llm, [p])[0] for p in PROMPTS] == want
+    assert _generate(_llm(folder, "fastdeploy"), PROMPTS) == want
+    prefix = list(range(100, 124))
+    llm.generate([{"prompt_token_ids": prefix + [7, 8]}], GREEDY, use_tqdm=False)
+    out = llm.generate([{"prompt_token_ids": prefix + [300]}], GREEDY, use_tqdm=False)[0]
+    assert out.num_cached_tokens > 0
+    assert list(out.outputs[0].token_ids) == hf_greedy(hf, prefix + [300], MAX_TOKENS)
+
+
+def test_qwen2_moe_dense_layers_are_refused_by_name(tmp_path):
+    """PaddleFormers 1.2.0 ignores decoder_sparse_step: refused by name; 'auto' serves it natively."""
+    folder = build_tiny_checkpoint("Qwen2MoeForCausalLM", tmp_path / "qwen2moe")  # decoder_sparse_step=2
+    with pytest.raises(ValueError, match="decoder_sparse_step=2: PaddleFormers' Qwen2-MoE makes every layer sparse"):
+        _llm(folder, "paddleformers")
+    assert not isinstance(_served_model(_llm(folder, "auto")), PaddleFormersForCausalLM)
+
+
+@pytest.mark.parametrize(("arch", "why"), [("Ernie4_5_MoeForCausalLM", "expand_modality_expert_id"),
+                                           ("Qwen3MoeForCausalLM", "paddlefleet_ops")])
+def test_moe_classes_that_cannot_run_here_say_why(arch, why, tmp_path):
+    folder = build_tiny_checkpoint(arch, tmp_path / arch)
+    with pytest.raises(ValueError, match=why):
+        _llm(folder, "paddleformers")

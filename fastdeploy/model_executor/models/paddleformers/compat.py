@@ -37,7 +37,7 @@ _ALIASES = {
 # Checked here against transformers, token for token, through the whole engine.
 VALIDATED = frozenset(
     {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Ernie4_5ForCausalLM", "Ernie4_5_ForCausalLM",
-     "Phi3ForCausalLM"}
+     "Phi3ForCausalLM", "Qwen2MoeForCausalLM"}
 )  # fmt: skip
 # PaddleFormers 1.2.0 classes that build here but cannot run correctly through the backend.
 # They are refused (with the reason) rather than served with wrong outputs.
@@ -47,9 +47,36 @@ KNOWN_UNSUPPORTED = {
         "the paged KV cache, and applies the global RoPE base to its sliding-window layers"
     ),
     "GptOssForCausalLM": "its attention sinks have no counterpart in FastDeploy's paged attention",
-    "Qwen2MoeForCausalLM": "MoE experts are not mapped by the backend yet",
-    "Ernie4_5_MoeForCausalLM": "MoE experts and the MTP block are not supported by the backend yet",
+    "Ernie4_5_MoeForCausalLM": (
+        "PaddleFormers' ERNIE 4.5 MoE layer calls expand_modality_expert_id, a Paddle kernel built for GPUs only "
+        "(not registered on CPU); the native Ernie4_5_MoeForCausalLM runs it"
+    ),
+    "Qwen3MoeForCausalLM": (
+        "PaddleFormers' Qwen3-MoE module imports paddlefleet_ops (DeepEP's GPU all-to-all), which cannot be "
+        "installed here; the native Qwen3MoeForCausalLM runs it"
+    ),
 }
+
+# Config values a PaddleFormers 1.2.0 class ignores (it would compute another model): field -> (fine?, why).
+CONFIG_REFUSALS: dict[str, dict[str, tuple[Any, str]]] = {
+    "Qwen2MoeForCausalLM": {
+        "decoder_sparse_step": (lambda v: v in (None, 1), "PaddleFormers' Qwen2-MoE makes every layer sparse"),
+        "mlp_only_layers": (lambda v: not v, "PaddleFormers' Qwen2-MoE makes every layer sparse"),
+    },
+}
+
+
+def check_config(arch: str, hf_config: Any) -> None:
+    """Refuse a config whose values PaddleFormers' class of ``arch`` would silently ignore.
+
+    Raises:
+        ValueError: naming the field, its value and why; model_impl='fastdeploy' runs it.
+    """
+    for field, (ok, why) in CONFIG_REFUSALS.get(arch, {}).items():
+        value = getattr(hf_config, field, None)
+        if not ok(value):
+            raise ValueError(f"model_impl='paddleformers' cannot run {arch} with {field}={value!r}: {why}; "
+                             "use model_impl='fastdeploy' (or 'auto').")
 
 
 class PaddleFormersUnavailableError(ImportError):

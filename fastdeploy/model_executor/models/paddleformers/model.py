@@ -43,6 +43,7 @@ from fastdeploy.model_executor.models.paddleformers.attention import (
     register_attention_implementation,
 )
 from fastdeploy.model_executor.models.paddleformers.compat import (
+    check_config,
     find_model_class,
     import_paddleformers,
     supported_architectures,
@@ -125,6 +126,7 @@ class PaddleFormersForCausalLM(nn.Layer):
         self.dtype_name = dtype
         self.architecture, pf_cls = pick_architecture(list(getattr(hf_config, "architectures", None) or []))
         self.pf_class_name = pf_cls.__name__
+        check_config(self.architecture, hf_config)
         self.pf_config = build_paddleformers_config(pf_cls, hf_config)
         register_attention_implementation()
         with _default_dtype(dtype), paddle.LazyGuard():

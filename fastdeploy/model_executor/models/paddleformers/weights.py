@@ -19,8 +19,9 @@ shard of a fused parameter) it fills. What the statements mean, at tensor-parall
 - ``fused_qkv_old``: the checkpoint's own ``[q | k | v]`` order;
 - ``fused_ffn``: ``[gate | up]``.
 
-Statements with other placeholders (``$EXPERT_ID``) or forms are skipped; the tensors
-they would map then show up as unmapped when loading, rather than loading wrongly.
+``$EXPERT_ID`` (MoE experts, one PaddleFormers MLP each) is filled in like ``$LAYER_ID``.
+Statements with other placeholders or forms are skipped; the tensors they would map then
+show up as unmapped when loading, rather than loading wrongly.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ logger = init_logger(__name__)
 
 _LAYER = "$LAYER_ID"
 _LAYER_NUMBER = re.compile(r"\.(\d+)\.")
+_EXPERT = "$EXPERT_ID"
+_EXPERT_NUMBER = re.compile(r"\.experts\.(\d+)\.")
 QKV_SHARDS = ("q", "k", "v")
 
 
@@ -95,7 +98,7 @@ class WeightMapping:
 
     def _add(self, statement: str) -> bool:
         lhs, arrow, rhs = statement.partition("->")
-        if not arrow or "$" in statement.replace(_LAYER, ""):
+        if not arrow or "$" in statement.replace(_LAYER, "").replace(_EXPERT, ""):
             return False
         sources = [s.strip() for s in lhs.split(",") if s.strip()]
         target, *rest = (t.strip() for t in rhs.split(","))
@@ -125,26 +128,38 @@ class WeightMapping:
     def targets(self, name: str) -> list[Target] | None:
         """Where checkpoint tensor ``name`` goes: [] when it is dropped, None when nothing maps it."""
         rules = self._rules.get(name)
-        layer = None
-        if rules is None:
-            match = _LAYER_NUMBER.search(name)
-            if match is None:
-                return [] if name in self.dropped else None
-            layer = match.group(1)
-            pattern = name[: match.start()] + f".{_LAYER}." + name[match.end() :]
-            rules = self._rules.get(pattern)
-            if rules is None:
-                return [] if pattern in self.dropped or name in self.dropped else None
-        if layer is None:
+        if rules is not None:
             return list(rules)
-        return [Target(t.name.replace(_LAYER, layer), t.shard, t.transpose) for t in rules]
+        pattern, fills = self._pattern(name)
+        rules = self._rules.get(pattern) if fills else None
+        if rules is None:
+            return [] if pattern in self.dropped or name in self.dropped else None
+        return [Target(_fill(t.name, fills), t.shard, t.transpose) for t in rules]
+
+    @staticmethod
+    def _pattern(name: str) -> tuple[str, dict[str, str]]:
+        """``name`` with its layer (and expert) numbers replaced by the placeholders, and the numbers."""
+        fills: dict[str, str] = {}
+        match = _LAYER_NUMBER.search(name)
+        if match is None:
+            return name, fills
+        fills[_LAYER] = match.group(1)
+        pattern = name[: match.start()] + f".{_LAYER}." + name[match.end() :]
+        expert = _EXPERT_NUMBER.search(pattern)
+        if expert is not None:
+            fills[_EXPERT] = expert.group(1)
+            pattern = pattern[: expert.start()] + f".experts.{_EXPERT}." + pattern[expert.end() :]
+        return pattern, fills
 
     def layout(self, module_name: str) -> FusedLayout | None:
         """The fused layout of the projection module ``module_name`` (e.g. ``model.layers.3.self_attn.qkv_proj``)."""
         layout = self.layouts.get(module_name)
         if layout is None:
-            match = _LAYER_NUMBER.search(module_name + ".")
-            if match is not None:
-                pattern = (module_name + ".")[: match.start()] + f".{_LAYER}." + (module_name + ".")[match.end() :]
-                layout = self.layouts.get(pattern.removesuffix("."))
+            layout = self.layouts.get(self._pattern(module_name + ".")[0].removesuffix("."))
         return layout
+
+
+def _fill(pattern: str, fills: dict[str, str]) -> str:
+    for placeholder, number in fills.items():
+        pattern = pattern.replace(placeholder, number)
+    return pattern
