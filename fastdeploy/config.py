@@ -102,6 +102,12 @@ class ModelConfig:
         cfg = self.hf_config
         return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
 
+    def get_num_kv_heads(self, parallel_config: ParallelConfig) -> int:
+        """KV heads one tensor-parallel rank holds (vLLM's name): a share, or one replicated head."""
+        from fastdeploy.distributed.parallel_state import kv_heads_per_rank
+
+        return kv_heads_per_rank(self.num_kv_heads, parallel_config.tensor_parallel_size)
+
     @property
     def head_dim(self) -> int:
         cfg = self.hf_config
@@ -185,9 +191,15 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # Multi-node tensor parallelism (vLLM's flags): the head node (node_rank 0) hosts the group's store at
+    # master_addr:master_port (0: a free port, one node only) and the executor's socket on the next port.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size"):
+        for name in ("tensor_parallel_size", "data_parallel_size", "pipeline_parallel_size", "nnodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}.")
 

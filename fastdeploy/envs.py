@@ -15,6 +15,8 @@ FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (defa
 FD_CPU_WIDE_STEP_TOKENS when the engine is pinned to fewer cores than the server may use: a step of at least
                         this many tokens (a prefill) computes on every core while the CPU is otherwise free
                         (default 128; 0 keeps every step on the engine's cores; fastdeploy/platforms/cpu_binding.py).
+FD_CPU_OVERSUBSCRIBE    "1": start more tensor-/data-parallel ranks than the CPU cores this process may use (ranks
+                        then share cores; default "0": such a -tp/-dp is refused at start-up).
 FD_KV_TRANSFER_TIMEOUT  seconds a prefill instance keeps a request's KV blocks for its decode instance, and a
                         decode instance waits for them (default 120); VLLM_NIXL_ABORT_REQUEST_TIMEOUT too.
 FD_MAX_N_SEQUENCES      the largest ``n`` / beam width a request may ask for (default 16384);
@@ -108,6 +110,11 @@ def cpu_wide_step_tokens() -> int:
 def cpu_omp_threads_bind() -> str:
     """FD_CPU_OMP_THREADS_BIND (or VLLM_CPU_OMP_THREADS_BIND): the engine's cores (auto)."""
     return _first("FD_CPU_OMP_THREADS_BIND", "VLLM_CPU_OMP_THREADS_BIND", default="auto") or "auto"
+
+
+def cpu_oversubscribe() -> bool:
+    """FD_CPU_OVERSUBSCRIBE: "1" lets more tensor/data-parallel ranks start than there are CPU cores (they share)."""
+    return (_first("FD_CPU_OVERSUBSCRIBE", default="0") or "0").strip().lower() in ("1", "true", "yes")
 
 
 def kv_transfer_timeout_s() -> float:

@@ -65,6 +65,33 @@ def warn_ignored_flags(values: Mapping[str, Any], ignored: Mapping[str, tuple[An
 
 
 
+# Native model classes whose every layer splits over tensor-parallel ranks (the dense Llama family);
+# the MoE experts and DeepSeek's latent attention do not shard yet.
+_TENSOR_PARALLEL_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Ernie4_5ForCausalLM")
+
+
+def _check_tensor_parallel_architecture(model_config: ModelConfig) -> None:
+    """Refuse by name a native architecture whose layers are not built to split (-tp > 1)."""
+    from fastdeploy.model_executor.models.registry import ModelRegistry
+
+    cls = ModelRegistry.resolve(model_config.architectures, "fastdeploy")
+    if cls.__name__ not in _TENSOR_PARALLEL_MODELS:
+        raise ValueError(f"--tensor-parallel-size > 1 is not supported for {cls.__name__} by this FastDeploy build "
+                         f"yet (its MoE experts / attention do not shard); tensor parallel runs "
+                         f"{', '.join(_TENSOR_PARALLEL_MODELS)}.")
+
+
+def _native_architecture(model_config: ModelConfig) -> bool:
+    """Whether the model's architecture has a native class (else "auto" serves it through PaddleFormers)."""
+    from fastdeploy.model_executor.models.registry import ModelRegistry
+
+    try:
+        ModelRegistry.resolve(model_config.architectures, "fastdeploy")
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass
 class EngineArgs:
     """Arguments of the engine, as accepted by ``LLM(...)`` and ``fastdeploy serve``."""
@@ -103,6 +130,11 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    # Multi-node tensor parallelism (vLLM's names).
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
     # Features that live in their own configs.
     speculative_config: dict[str, Any] | None = None
     kv_transfer_config: dict[str, Any] | None = None
@@ -179,7 +211,7 @@ class EngineArgs:
             model_config=model_config,
             cache_config=cache_config,
             scheduler_config=scheduler_config,
-            parallel_config=ParallelConfig(self.tensor_parallel_size, self.data_parallel_size, self.pipeline_parallel_size),
+            parallel_config=self._parallel_config(model_config),
             load_config=LoadConfig(load_format=self.load_format),
             speculative_config=self.speculative_config,
             kv_transfer_config=KVTransferConfig.from_flags(self.splitwise_role, self.kv_transfer_config,
@@ -188,6 +220,43 @@ class EngineArgs:
             structured_outputs_config=structured_outputs_config,
             observability_config=ObservabilityConfig(self.show_hidden_metrics_for_version),
         )
+
+    def _parallel_config(self, model_config: ModelConfig) -> ParallelConfig:
+        """-tp / -dp and the multi-node flags, checked against the model and the cores before anything starts."""
+        from fastdeploy.distributed.parallel_state import check_model_splits
+        from fastdeploy.platforms.cpu_binding import plan_rank_cores
+
+        config = ParallelConfig(self.tensor_parallel_size, self.data_parallel_size, self.pipeline_parallel_size,
+                                nnodes=self.nnodes, node_rank=self.node_rank, master_addr=self.master_addr,
+                                master_port=self.master_port)
+        tp = config.tensor_parallel_size
+        if tp > 1:
+            check_model_splits(model_config.hf_config, tp)
+            if self.splitwise_role != "mixed" or self.kv_transfer_config or self.pd_comm_port:
+                raise ValueError("--tensor-parallel-size > 1 with prefill/decode disaggregation is not supported by "
+                                 "this FastDeploy build yet: the KV connector reads one rank's cache "
+                                 "(--splitwise-role / --kv-transfer-config).")
+            if model_config.model_impl == "paddleformers" or (
+                    model_config.model_impl == "auto" and not _native_architecture(model_config)):
+                raise ValueError("--tensor-parallel-size > 1 is not supported by the PaddleFormers backend "
+                                 "(--model-impl paddleformers): its layers are PaddleFormers' own, which hold "
+                                 "every weight whole; use a natively implemented architecture.")
+            _check_tensor_parallel_architecture(model_config)
+            if self.speculative_config is not None:
+                # The ranks verify drafts with their own samplers: unseeded draws could accept different
+                # counts per rank, and only one sampled token per request is broadcast from rank 0.
+                raise ValueError("--tensor-parallel-size > 1 with --speculative-config is not supported by this "
+                                 "FastDeploy build yet: run speculative decoding at one rank.")
+        if config.data_parallel_size > 1 and (self.splitwise_role != "mixed" or self.kv_transfer_config
+                                              or self.pd_comm_port or self.scheduler_name == "global"):
+            raise ValueError("--data-parallel-size > 1 with prefill/decode disaggregation or the global scheduler "
+                             "is not supported by this FastDeploy build yet: run one instance per replica behind "
+                             "the router instead (--data-parallel-size).")
+        if self.nnodes > 1 and tp % self.nnodes:
+            raise ValueError(f"--tensor-parallel-size ({tp}) must be a multiple of --nnodes ({self.nnodes}).")
+        # Every rank on this node computes on cores of its own (or shares them on purpose).
+        plan_rank_cores(tp // max(self.nnodes, 1) * config.data_parallel_size)
+        return config
 
     def _structured_outputs_config(self) -> StructuredOutputsConfig:
         """--structured-outputs-config with the legacy --guided-decoding-backend folded in as its backend."""
@@ -214,9 +283,7 @@ class EngineArgs:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"Invalid --scheduling-policy {self.scheduling_policy!r}; expected fcfs or priority.")
         unbuilt = {
-            "tensor_parallel_size": self.tensor_parallel_size != 1,
             "pipeline_parallel_size": self.pipeline_parallel_size != 1,
-            "data_parallel_size": self.data_parallel_size != 1,
             # PD goes through the router (--splitwise-role); FastDeploy's splitwise scheduler is not built.
             "scheduler_name": self.scheduler_name == "splitwise",
             # The scheduler serves requests first come, first served; the request's priority is not read.

@@ -96,7 +96,12 @@ class AsyncLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._output_handler: asyncio.Task | None = None
         self._stats_task: asyncio.Task | None = None
-        self.engine_core = EngineCoreClient(fd_config, engine_core_cls=engine_core_cls, port=engine_port)
+        if fd_config.parallel_config.data_parallel_size > 1:
+            from fastdeploy.engine.dp_client import DPLBEngineCoreClient
+
+            self.engine_core = DPLBEngineCoreClient(fd_config, engine_core_cls=engine_core_cls, port=engine_port)
+        else:
+            self.engine_core = EngineCoreClient(fd_config, engine_core_cls=engine_core_cls, port=engine_port)
         cache = fd_config.cache_config
         kv_cache_tokens = cache.num_blocks * cache.block_size
         spec = fd_config.speculative_config
@@ -112,8 +117,16 @@ class AsyncLLM:
             show_hidden_metrics=fd_config.observability_config.show_hidden_metrics,
             num_spec_tokens=num_spec_tokens,
         )
-        prometheus.kv_total_blocks.set(cache.num_blocks)
-        self.stat_loggers = StatLoggerManager(prometheus, log_stats, num_spec_tokens)
+        # Data parallel: the same metrics for each engine, told apart by their ``engine`` label (as vLLM).
+        per_engine = [prometheus] + [
+            PrometheusStatLogger(self.model_config.served_model_name[0] or "", self.model_config.max_model_len,
+                                 num_spec_tokens=num_spec_tokens, engine_index=i,
+                                 shared=prometheus)
+            for i in range(1, fd_config.parallel_config.data_parallel_size)
+        ]
+        for logger_ in per_engine:
+            logger_.kv_total_blocks.set(cache.num_blocks)
+        self.stat_loggers = StatLoggerManager(per_engine, log_stats, num_spec_tokens)
         self.engine_core.on_dead(self._on_engine_dead)
         try:
             asyncio.get_running_loop()
@@ -303,7 +316,7 @@ class AsyncLLM:
                         stats.observe_finished(state, state.finish_reason)
                 if to_abort:
                     core.abort_requests(to_abort)
-                self.stat_loggers.record(outputs.scheduler_stats, stats)
+                self.stat_loggers.record(outputs.scheduler_stats, stats, outputs.engine_index)
         except asyncio.CancelledError:
             raise
         except EngineDeadError as e:

@@ -104,6 +104,16 @@ def _parallel_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="Tensor-parallel ranks.")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help="Pipeline stages.")
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1, help="Data-parallel replicas.")
+    g.add_argument("--nnodes", "-n", type=int, default=1, help="Nodes the tensor-parallel ranks run on.")
+    g.add_argument("--node-rank", "-r", type=int, default=0,
+                   help="This node's rank (0: the head, which runs the engine; others run with --headless).")
+    g.add_argument("--headless", action="store_true",
+                   help="Run only this node's tensor-parallel ranks (a worker node, --node-rank > 0): no API server.")
+    g.add_argument("--master-addr", type=str, default="127.0.0.1",
+                   help="Address of the head node (the tensor-parallel group's store).")
+    g.add_argument("--master-port", type=int, default=0,
+                   help="Port of the group's store on the head node (the next port is the executor's); "
+                        "0: a free one (one node only).")
 
 
 def _deployment_group(parser: argparse.ArgumentParser) -> None:

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from fastdeploy.config import FDConfig
 from fastdeploy.engine.request import EngineCoreOutputs, EngineCoreRequest, Request, RequestStatus
 from fastdeploy.engine.sched.scheduler import Scheduler
+from fastdeploy.executor import create_executor
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.guided_decoding.manager import StructuredOutputManager
-from fastdeploy.worker.worker import Worker
 
 if TYPE_CHECKING:
     from fastdeploy.distributed.kv_transfer.pd_engine import PDKVTransfer
@@ -39,7 +39,8 @@ class EngineCore:
         # Set by the engine process when long steps may use the API process's cores too.
         self.wide_steps: WideSteps | None = None
         start = time.perf_counter()
-        self.worker = Worker(fd_config)
+        # The model's worker in this process, or the executor of the tensor-parallel ranks.
+        self.worker = create_executor(fd_config)
         self.worker.load_model()
         num_blocks = self.worker.determine_num_available_blocks()
         cache = fd_config.cache_config
@@ -48,7 +49,7 @@ class EngineCore:
         mc = fd_config.model_config
         max_per_req = -(-mc.max_model_len // cache.block_size)
         if num_blocks < max_per_req:
-            per_block = self.worker.model_runner.kv_cache_bytes_per_block()
+            per_block = self.worker.kv_cache_bytes_per_block()
             raise ValueError(
                 f"To serve at least one request with the model's max seq len ({mc.max_model_len}), "
                 f"{max_per_req * per_block / (1 << 30):.2f} GiB KV cache is needed, which is larger than the "
@@ -68,7 +69,7 @@ class EngineCore:
             time.perf_counter() - start,
             num_blocks,
             cache.block_size,
-            num_blocks * self.worker.model_runner.kv_cache_bytes_per_block() / (1 << 30),
+            num_blocks * self.worker.kv_cache_bytes_per_block() / (1 << 30),
             mc.max_model_len,
             fd_config.scheduler_config.max_num_seqs,
             fd_config.scheduler_config.max_num_batched_tokens,
@@ -106,6 +107,7 @@ class EngineCore:
     def shutdown(self) -> None:
         if self.kv_transfer is not None:
             self.kv_transfer.close()
+        self.worker.shutdown()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.scheduler.add_request(Request(request, self.fd_config.model_config.max_model_len))

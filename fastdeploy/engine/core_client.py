@@ -31,7 +31,7 @@ from fastdeploy.engine.core_proc import EngineCoreProc
 from fastdeploy.engine.exceptions import EngineDeadError
 from fastdeploy.engine.request import EngineCoreOutputs, EngineCoreRequest
 from fastdeploy.logger import init_logger
-from fastdeploy.platforms.cpu_binding import plan_cpu_binding
+from fastdeploy.platforms.cpu_binding import CpuBinding, plan_cpu_binding
 
 logger = init_logger(__name__)
 
@@ -66,7 +66,8 @@ class EngineCoreClient:
     """
 
     def __init__(self, fd_config: FDConfig, *, engine_core_cls: str | None = None, port: int | None = None,
-                 omp_threads: int | None = None, ready_timeout_s: float | None = None) -> None:
+                 omp_threads: int | None = None, ready_timeout_s: float | None = None,
+                 engine_cores: frozenset[int] | None = None) -> None:
         self.fd_config = fd_config
         self.dead_error: EngineDeadError | None = None
         self._dead_callbacks: list[Callable[[EngineDeadError], None]] = []
@@ -94,8 +95,16 @@ class EngineCoreClient:
         else:
             threads = omp_threads or engine_omp_threads()
             env = {"OMP_NUM_THREADS": str(threads)}
+        pc = fd_config.parallel_config
+        local_ranks = pc.tensor_parallel_size // pc.nnodes
+        if local_ranks > 1:
+            # The engine's tensor-parallel ranks split its cores, at least one each.
+            threads = max(threads, local_ranks)
         # Where the engine computes and the API process runs (the API side is applied by the server).
         self.cpu_binding = plan_cpu_binding(threads)
+        if engine_cores is not None:  # a data-parallel engine: its share of the cores
+            self.cpu_binding = CpuBinding(engine_cores, frozenset(os.sched_getaffinity(0)) - engine_cores)
+            env = {"OMP_NUM_THREADS": str(len(engine_cores))}
         ready_reader, ready_writer = multiprocessing.Pipe(duplex=False)
         mp = multiprocessing.get_context("spawn")
         self.proc = mp.Process(
@@ -103,7 +112,9 @@ class EngineCoreClient:
             name="EngineCore",
             args=(fd_config, input_address, output_address, ready_writer, os.getpid(), engine_core_cls,
                   self.cpu_binding),
-            daemon=True,
+            # A daemonic process may not start processes: with tensor parallelism the core starts its ranks
+            # (it still exits with the API process: it watches its parent).
+            daemon=local_ranks == 1,
         )
         with envs.child_environment(env):
             self.proc.start()

@@ -108,6 +108,9 @@ class EngineCoreProc:
                 ready_conn.send({"status": "FAILED", "error": f"{type(e).__name__}: {e}"})
                 raise
             proc = EngineCoreProc(core, input_address, output_address, parent_pid, bridge)
+            watch_ranks = getattr(getattr(core, "worker", None), "watch_ranks", None)
+            if watch_ranks is not None:  # tensor-parallel ranks: one dying while idle fails the engine too
+                watch_ranks(proc.die)
             ready_conn.send({"status": "READY", "num_blocks": fd_config.cache_config.num_blocks,
                              "kv_transfer_port": fd_config.kv_transfer_config.port})
             ready_conn.close()
@@ -219,6 +222,13 @@ class EngineCoreProc:
         )
 
     # ---- shutdown -------------------------------------------------------------------------
+    def die(self, message: str) -> None:
+        """Fail the engine from any thread: tell the API process why, then exit non-zero."""
+        logger.error("EngineCore failed: %s", message)
+        self.send_dead(message)
+        time.sleep(0.2)  # let the message leave
+        os._exit(1)
+
     def send_dead(self, message: str) -> None:
         """Tell the API process the core cannot go on (best effort)."""
         try:

@@ -24,6 +24,10 @@ class LLMEngine:
             # The global scheduler lives in the engine core process of a server; this engine has none.
             raise ValueError("--scheduler-name global shares requests between served instances (fastdeploy serve); "
                              "the offline LLM runs its requests in-process.")
+        if fd_config.parallel_config.data_parallel_size > 1:
+            raise ValueError("data_parallel_size > 1 runs several engine processes behind the API server "
+                             "(fastdeploy serve -dp N); the offline LLM drives one engine in-process "
+                             "(--data-parallel-size).")
         self.fd_config = fd_config
         self.tokenizer = get_tokenizer_for_model(fd_config.model_config)
         self.processor = Processor(fd_config.model_config, self.tokenizer, fd_config.structured_outputs_config,

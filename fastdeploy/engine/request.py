@@ -107,6 +107,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
+    # The data-parallel engine that produced them (set by the API process's client on receipt).
+    engine_index: int = 0
 
 
 class RequestStatus(enum.IntEnum):

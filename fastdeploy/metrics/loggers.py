@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -61,35 +62,48 @@ class PrometheusStatLogger:
 
     def __init__(self, model_name: str, max_model_len: int, cache_info: dict[str, str] | None = None,
                  registry: CollectorRegistry | None = None, show_hidden_metrics: bool = False,
-                 num_spec_tokens: int | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        # --show-hidden-metrics-for-version: the deprecated metrics hidden in the followed vLLM release
-        # (HIDDEN_METRICS) are registered only then. vLLM 0.33 hides none of the metrics exported here.
-        self.hidden_metrics = [factory(self.registry, model_name) for factory in HIDDEN_METRICS] \
-            if show_hidden_metrics else []
-        if show_hidden_metrics and not HIDDEN_METRICS:
-            logger.info("--show-hidden-metrics-for-version: this release hides no metrics, so it exports nothing more.")
-        for collector in (process_collector.ProcessCollector, platform_collector.PlatformCollector,
-                          gc_collector.GCCollector):
-            collector(registry=self.registry)
+                 num_spec_tokens: int | None = None, engine_index: int = 0,
+                 shared: PrometheusStatLogger | None = None) -> None:
+        # Data parallel: one logger per engine, each writing its own ``engine`` label of the same
+        # metric families (``shared``: engine 0's logger, which registered them).
+        self.registry = shared.registry if shared is not None else registry or CollectorRegistry()
+        self._families: dict[str, Any] = shared._families if shared is not None else {}
+        if shared is None:
+            # --show-hidden-metrics-for-version: the deprecated metrics hidden in the followed vLLM release
+            # (HIDDEN_METRICS) are registered only then. vLLM 0.33 hides none of the metrics exported here.
+            self.hidden_metrics = [factory(self.registry, model_name) for factory in HIDDEN_METRICS] \
+                if show_hidden_metrics else []
+            if show_hidden_metrics and not HIDDEN_METRICS:
+                logger.info("--show-hidden-metrics-for-version: this release hides no metrics, so it exports "
+                            "nothing more.")
+            for collector in (process_collector.ProcessCollector, platform_collector.PlatformCollector,
+                              gc_collector.GCCollector):
+                collector(registry=self.registry)
+        else:
+            self.hidden_metrics = shared.hidden_metrics
         labels = ["model_name", "engine"]
-        values = (model_name, "0")
+        values = (model_name, str(engine_index))
+
+        def family(cls: type, name: str, doc: str, labelnames: list[str], **kwargs: Any) -> Any:
+            if name not in self._families:
+                self._families[name] = cls(name, doc, labelnames, registry=self.registry, **kwargs)
+            return self._families[name]
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, labels, registry=self.registry).labels(*values)
+            return family(Gauge, name, doc, labels).labels(*values)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=self.registry).labels(*values)
+            return family(Counter, name, doc, labels).labels(*values)
 
         def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(*values)
+            return family(Histogram, name, doc, labels, buckets=buckets).labels(*values)
 
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
         # capacity: waiting for room in the batch (KV blocks, budget); deferred: waiting for something
         # else to arrive first (the KV cache from a prefill instance).
-        by_reason = Gauge("vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.",
-                          [*labels, "reason"], registry=self.registry)
+        by_reason = family(Gauge, "vllm:num_requests_waiting_by_reason", "Number of requests waiting, by reason.",
+                           [*labels, "reason"])
         self.waiting_by_reason = {reason: by_reason.labels(*values, reason) for reason in ("capacity", "deferred")}
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.kv_used_blocks = gauge("fastdeploy:kv_cache_used_blocks", "KV-cache blocks held by requests.")
@@ -101,15 +115,15 @@ class PrometheusStatLogger:
                                       "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
         # vllm:spec_decode_*: registered only when speculative decoding is configured, as in vLLM.
-        self.spec_decode = None if num_spec_tokens is None else SpecDecodingProm(self.registry, labels, values,
+        self.spec_decode = None if num_spec_tokens is None else SpecDecodingProm(family, labels, values,
                                                                                  num_spec_tokens)
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          [*labels, "finished_reason"], registry=self.registry)
+        success = family(Counter, "vllm:request_success", "Count of successfully processed requests.",
+                         [*labels, "finished_reason"])
         self.request_success = {reason: success.labels(*values, reason) for reason in FINISH_REASONS}
-        taken = Counter("fastdeploy:global_scheduler_requests_taken",
-                        "Requests this engine took from the global scheduler's queues and ran, by source "
-                        "(own: submitted to this instance; stolen: from another instance's queue).",
-                        [*labels, "source"], registry=self.registry)
+        taken = family(Counter, "fastdeploy:global_scheduler_requests_taken",
+                       "Requests this engine took from the global scheduler's queues and ran, by source "
+                       "(own: submitted to this instance; stolen: from another instance's queue).",
+                       [*labels, "source"])
         self.global_taken = {source: taken.labels(*values, source) for source in ("own", "stolen")}
         token_buckets = build_1_2_5_buckets(max_model_len)
         self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
@@ -140,12 +154,12 @@ class PrometheusStatLogger:
         self.decode_time = histogram("vllm:request_decode_time_seconds",
                                      "Histogram of time spent in DECODE phase for request.", _REQUEST_LATENCY_BUCKETS)
         if cache_info:
-            info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                         [*cache_info, "engine"], registry=self.registry)
-            info.labels(*cache_info.values(), "0").set(1)
+            info = family(Gauge, "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                          [*cache_info, "engine"])
+            info.labels(*cache_info.values(), str(engine_index)).set(1)
         self._last_preemptions = 0
         # fastdeploy:kv_transfer_* (disaggregated serving), fed by the engine's transfer events.
-        self.kv_transfer = KVTransferMetrics(registry=self.registry)
+        self.kv_transfer = KVTransferMetrics(registry=self.registry) if shared is None else shared.kv_transfer
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
         """Apply one step's scheduler figures and iteration stats."""
@@ -245,13 +259,16 @@ class LoggingStatLogger:
 class StatLoggerManager:
     """Fans the stats out to the Prometheus logger and, unless disabled, the log line."""
 
-    def __init__(self, prometheus: PrometheusStatLogger, log_stats: bool = True,
+    def __init__(self, prometheus: PrometheusStatLogger | list[PrometheusStatLogger], log_stats: bool = True,
                  num_spec_tokens: int | None = None) -> None:
-        self.prometheus = prometheus
+        # One Prometheus logger per data-parallel engine; the first owns the registry.
+        self.per_engine = prometheus if isinstance(prometheus, list) else [prometheus]
+        self.prometheus = self.per_engine[0]
         self.logging = LoggingStatLogger(num_spec_tokens) if log_stats else None
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None) -> None:
-        self.prometheus.record(scheduler_stats, iteration_stats)
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None,
+               engine_index: int = 0) -> None:
+        self.per_engine[engine_index].record(scheduler_stats, iteration_stats)
         if self.logging is not None:
             self.logging.record(scheduler_stats, iteration_stats)
 

@@ -193,3 +193,30 @@ class WideSteps:
                          self.backoff_s)
         self._since, self._stall_us = now, stall_us
         return now >= self._narrow_until
+
+
+def plan_rank_cores(num_ranks: int, allowed: set[int] | None = None,
+                    oversubscribe: bool | None = None) -> list[frozenset[int]]:
+    """The cores of each of ``num_ranks`` ranks (tensor-parallel workers): equal contiguous shares of ``allowed``.
+
+    Each rank computes on its own cores with as many OpenMP threads; cores left over after the
+    equal shares stay with the first ranks' neighbours unused by the ranks (the API process's).
+
+    Raises:
+        ValueError: more ranks than cores, unless ``FD_CPU_OVERSUBSCRIBE=1`` (then ranks share
+            cores round-robin, one each).
+    """
+    cores = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
+    oversubscribe = envs.cpu_oversubscribe() if oversubscribe is None else oversubscribe
+    if num_ranks > len(cores):
+        if not oversubscribe:
+            raise ValueError(
+                f"{num_ranks} parallel ranks (--tensor-parallel-size x --data-parallel-size) need at least "
+                f"{num_ranks} CPU cores, and this process may use {len(cores)} ({','.join(map(str, cores))}); "
+                "lower -tp/-dp, or set FD_CPU_OVERSUBSCRIBE=1 to share cores on purpose."
+            )
+        return [frozenset({cores[r % len(cores)]}) for r in range(num_ranks)]
+    per_rank = len(cores) // num_ranks
+    # The last cores, as the single engine takes them: the first ones stay with the API process.
+    first = len(cores) - per_rank * num_ranks
+    return [frozenset(cores[first + r * per_rank: first + (r + 1) * per_rank]) for r in range(num_ranks)]

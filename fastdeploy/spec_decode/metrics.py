@@ -8,8 +8,10 @@ with a ``position`` label, registered only when speculative decoding is configur
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 
 from fastdeploy.spec_decode.scheduling import SpecDecodingStats
 
@@ -17,16 +19,18 @@ from fastdeploy.spec_decode.scheduling import SpecDecodingStats
 class SpecDecodingProm:
     """The four counters, under the engine's ``model_name`` / ``engine`` labels."""
 
-    def __init__(self, registry: CollectorRegistry, labels: list[str], values: tuple[str, ...],
+    def __init__(self, family: Callable[..., Any], labels: list[str], values: tuple[str, ...],
                  num_spec_tokens: int) -> None:
+        # ``family`` registers a metric family once per registry, so every data-parallel engine's
+        # logger writes its own ``engine`` label of the same counters.
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=registry).labels(*values)
+            return family(Counter, name, doc, labels).labels(*values)
 
         self.num_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
         self.num_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
         self.num_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-        per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
-                          [*labels, "position"], registry=registry)
+        per_pos = family(Counter, "vllm:spec_decode_num_accepted_tokens_per_pos",
+                         "Accepted tokens per draft position.", [*labels, "position"])
         self.per_pos = [per_pos.labels(*values, str(pos)) for pos in range(num_spec_tokens)]
 
     def observe(self, stats: SpecDecodingStats) -> None:

@@ -100,7 +100,9 @@ class ModelRunner:
         if get_spec is not None:
             return get_spec()
         mc = self.model_config
-        return [FullAttentionSpec(mc.num_kv_heads, mc.head_dim, self.kv_cache_dtype)] * mc.num_layers
+        # K and V of this tensor-parallel rank's KV heads (a share, or one replicated head).
+        num_kv_heads = mc.get_num_kv_heads(self.fd_config.parallel_config)
+        return [FullAttentionSpec(num_kv_heads, mc.head_dim, self.kv_cache_dtype)] * mc.num_layers
 
     def kv_cache_bytes_per_block(self) -> int:
         own = kv_cache_bytes_per_block(self.kv_cache_specs(), self.block_size)

@@ -36,8 +36,14 @@ class Worker:
             )
         return int(num_blocks)
 
+    def kv_cache_bytes_per_block(self) -> int:
+        return self.model_runner.kv_cache_bytes_per_block()
+
     def initialize_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.model_runner.execute_model(scheduler_output)
+
+    def shutdown(self) -> None:
+        """Nothing to release in-process (the executor's ranks stop here)."""

@@ -38,6 +38,18 @@ class ServeSubcommand(CLISubcommand):
 
     @staticmethod
     def cmd(args: argparse.Namespace) -> None:
+        if getattr(args, "headless", False):
+            sys.exit(run_headless_node(args))
         from fastdeploy.entrypoints.openai.api_server import run
 
         sys.exit(run(args))
+
+
+def run_headless_node(args: argparse.Namespace) -> int:
+    """``--headless``: a worker node starts its tensor-parallel ranks, which join the head node's engine."""
+    from fastdeploy.engine.arg_utils import EngineArgs
+    from fastdeploy.executor.multiproc_executor import run_headless
+
+    if args.node_rank == 0:
+        raise ValueError("--headless runs a worker node: give it --node-rank 1 or more (node 0 runs the engine).")
+    return run_headless(EngineArgs.from_cli_args(args).create_engine_config())

@@ -9,9 +9,12 @@ packs each weight once, in bf16 or fp32, into the layout of the linear kernel
 ``csrc/cpu/panel_gemm.cc`` on AVX2 ones; fp32 accumulation either way) and drops the fp32
 parameter; on the plain-Paddle backend the forward is ``paddle.matmul``.
 
-Tensor parallelism is not implemented yet (tp size 1): the Column/Row variants differ only
-in how a checkpoint is loaded into them. Checkpoint weights arrive in Hugging Face's
-``[out, in]`` layout and are transposed once at load time.
+Tensor parallelism (``fastdeploy.distributed.parallel_state``): a column-parallel layer holds
+its rank's output rows, a row-parallel one its input columns and ends with one all-reduce;
+each rank loads only its slice of the checkpoint (``tp_shard.shard_tensor``, GGUF blocks
+included), so every linear method shards the same way. At one rank they are the plain layer.
+Checkpoint weights arrive in Hugging Face's ``[out, in]`` layout and are transposed once at
+load time.
 """
 
 from __future__ import annotations
@@ -23,8 +26,16 @@ import paddle
 from paddle import nn
 
 from fastdeploy import _custom_ops as ops
+from fastdeploy.distributed.parallel_state import (
+    divide,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    kv_heads_per_rank,
+    tensor_model_parallel_all_reduce,
+)
 from fastdeploy.model_executor.custom_op import get_op_backend
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizeMethodBase
+from fastdeploy.model_executor.layers.tp_shard import shard_tensor
 from fastdeploy.model_executor.utils import load_into, load_into_slice, new_parameter, param_dtype
 
 if TYPE_CHECKING:
@@ -195,43 +206,105 @@ class ReplicatedLinear(LinearBase):
 
 
 class ColumnParallelLinear(LinearBase):
-    """Output dimension split across tensor-parallel ranks (one rank for now)."""
+    """Output dimension split across tensor-parallel ranks: rank r holds output rows ``[r * N/tp, (r+1) * N/tp)``.
+
+    Each rank computes its own slice of the output; nothing is exchanged (the next layer is a
+    :class:`RowParallelLinear`, or the slices are gathered). ``output_size`` is the whole layer's;
+    ``partitioned`` says it is already this rank's share (the fused layers size their shards).
+    """
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, dtype: str = "float32",
+                 quant_config: QuantizationConfig | None = None, prefix: str = "", *, partitioned: bool = False) -> None:
+        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        local = output_size if partitioned else divide(output_size, tp_size, f"{prefix or 'the layer'}'s output size")
+        super().__init__(input_size, local, bias, dtype, quant_config, prefix)
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+
+    def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
+        """Load this rank's rows of the HF tensor (weight ``[out, in]`` or bias ``[out]``)."""
+        if self.tp_size > 1 and shard_id is None:
+            loaded = shard_tensor(loaded, 0, self.tp_rank * self.output_size, self.output_size, type(self).__name__)
+        super().weight_loader(param, loaded, shard_id)
 
 
 class RowParallelLinear(LinearBase):
-    """Input dimension split across tensor-parallel ranks (one rank for now)."""
+    """Input dimension split across tensor-parallel ranks; the partial products are summed by one all-reduce.
+
+    The input is the previous column-parallel layer's slice, so nothing is exchanged before the
+    matmul. The bias is kept on rank 0 only (zeros elsewhere), so the sum adds it once.
+    """
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, dtype: str = "float32",
+                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
+        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        local = divide(input_size, tp_size, f"{prefix or 'the layer'}'s input size")
+        super().__init__(local, output_size, bias, dtype, quant_config, prefix)
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+
+    def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
+        """Load this rank's input columns of the HF weight ``[out, in]``; the bias whole on rank 0."""
+        if self.tp_size > 1:
+            if param is self.bias:
+                loaded = loaded if self.tp_rank == 0 else np.zeros_like(loaded)
+            else:
+                loaded = shard_tensor(loaded, 1, self.tp_rank * self.input_size, self.input_size,
+                                      type(self).__name__)
+        super().weight_loader(param, loaded, shard_id)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        out = self.quant_method.apply(self, x)
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
 
 
 class _FusedColumnLinear(ColumnParallelLinear):
-    """Several projections of the same input concatenated along the output dimension."""
+    """Several projections of the same input concatenated along the output dimension.
+
+    ``shard_sizes`` are this rank's shares; ``shard_starts`` where each share begins in the
+    checkpoint's whole projection (rank * share, or a replicated KV head's start).
+    """
 
     def __init__(self, input_size: int, shard_sizes: dict[object, int], bias: bool, dtype: str,
-                 quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
-        super().__init__(input_size, sum(shard_sizes.values()), bias, dtype, quant_config, prefix)
+                 quant_config: QuantizationConfig | None = None, prefix: str = "",
+                 shard_starts: dict[object, int] | None = None) -> None:
+        super().__init__(input_size, sum(shard_sizes.values()), bias, dtype, quant_config, prefix, partitioned=True)
         self.shard_offsets: dict[object, tuple[int, int]] = {}
         offset = 0
         for shard, size in shard_sizes.items():
             self.shard_offsets[shard] = (offset, size)
             offset += size
+        self.shard_starts = shard_starts or {shard: self.tp_rank * size for shard, size in shard_sizes.items()}
 
     @property
     def shard_ids(self) -> tuple[object, ...]:
         """Shard ids that together fill the fused weight."""
         return tuple(self.shard_offsets)
 
+    def checkpoint_shard_sizes(self) -> dict[object, int]:
+        """Each projection's rows in the checkpoint (all ranks together)."""
+        return {shard: size * self.tp_size for shard, (_, size) in self.shard_offsets.items()}
+
     def weight_loader(self, param: paddle.Tensor, loaded: np.ndarray, shard_id: object = None) -> None:
         """Load one projection's HF tensor into its columns of the fused weight (or bias)."""
         if shard_id is None:  # an already fused checkpoint tensor
-            super().weight_loader(param, loaded)
+            if self.tp_size == 1:
+                LinearBase.weight_loader(self, param, loaded)
+                return
+            # Each rank's share of every projection: split the fused rows back into projections.
+            start = 0
+            for shard, rows in self.checkpoint_shard_sizes().items():
+                self.weight_loader(param, shard_tensor(loaded, 0, start, rows, type(self).__name__), shard)
+                start += rows
             return
         if shard_id not in self.shard_offsets:
             raise ValueError(
                 f"Unknown shard {shard_id!r} for {type(self).__name__}; known: {list(self.shard_offsets)}."
             )
-        if self.quant_method.weight_loader(self, param, loaded, shard_id):
-            return
         start, size = self.shard_offsets[shard_id]
         name = f"{type(self).__name__}[{shard_id}]"
+        if self.tp_size > 1:
+            loaded = shard_tensor(loaded, 0, self.shard_starts[shard_id], size, name)
+        if self.quant_method.weight_loader(self, param, loaded, shard_id):
+            return
         if param is self.weight:
             load_into_slice(param, loaded.T, start, size, axis=1, name=name)
         else:
@@ -239,16 +312,28 @@ class _FusedColumnLinear(ColumnParallelLinear):
 
 
 class MergedColumnParallelLinear(_FusedColumnLinear):
-    """Projections such as gate and up fused into one matmul; shards are numbered 0, 1, ..."""
+    """Projections such as gate and up fused into one matmul; shards are numbered 0, 1, ...
+
+    ``output_sizes`` are the whole projections'; each rank holds its share of every one.
+    """
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, dtype: str = "float32",
                  quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
-        super().__init__(input_size, dict(enumerate(output_sizes)), bias, dtype, quant_config, prefix)
+        tp_size = get_tensor_model_parallel_world_size()
+        local = {i: divide(size, tp_size, f"{prefix or 'the layer'}'s output size") for i, size in
+                 enumerate(output_sizes)}
+        super().__init__(input_size, local, bias, dtype, quant_config, prefix)
         self.output_sizes = list(output_sizes)
 
 
 class QKVParallelLinear(_FusedColumnLinear):
-    """Q, K and V projections fused into one matmul: output ``[q | k | v]``; shards "q", "k", "v"."""
+    """Q, K and V projections fused into one matmul: output ``[q | k | v]``; shards "q", "k", "v".
+
+    Under tensor parallelism each rank holds ``num_heads / tp`` query heads and the KV heads they
+    attend with: a share of the KV heads, or, where there are fewer KV heads than ranks, one KV
+    head replicated on ``tp / num_kv_heads`` ranks (vLLM's layout). ``num_heads`` and
+    ``num_kv_heads`` are this rank's.
+    """
 
     def __init__(
         self,
@@ -261,11 +346,22 @@ class QKVParallelLinear(_FusedColumnLinear):
         quant_config: QuantizationConfig | None = None,
         prefix: str = "",
     ) -> None:
-        kv_heads = total_num_kv_heads or total_num_heads
-        sizes = {"q": total_num_heads * head_size, "k": kv_heads * head_size, "v": kv_heads * head_size}
-        super().__init__(hidden_size, sizes, bias, dtype, quant_config, prefix)
+        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        total_kv = total_num_kv_heads or total_num_heads
+        heads = divide(total_num_heads, tp_size, "num_attention_heads")
+        kv_heads = kv_heads_per_rank(total_kv, tp_size)
+        # The first KV head of this rank: its share, or the head its replicas share.
+        kv_start = tp_rank * kv_heads if total_kv >= tp_size else tp_rank // (tp_size // total_kv)
+        sizes = {"q": heads * head_size, "k": kv_heads * head_size, "v": kv_heads * head_size}
+        starts = {"q": tp_rank * sizes["q"], "k": kv_start * head_size, "v": kv_start * head_size}
+        super().__init__(hidden_size, sizes, bias, dtype, quant_config, prefix, starts)
         self.head_size = head_size
-        self.num_heads = total_num_heads
+        self.total_num_heads, self.total_num_kv_heads = total_num_heads, total_kv
+        self.num_heads = heads
         self.num_kv_heads = kv_heads
         self.q_size = sizes["q"]
         self.kv_size = sizes["k"]
+
+    def checkpoint_shard_sizes(self) -> dict[object, int]:
+        d = self.head_size
+        return {"q": self.total_num_heads * d, "k": self.total_num_kv_heads * d, "v": self.total_num_kv_heads * d}

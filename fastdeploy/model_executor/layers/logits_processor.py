@@ -5,6 +5,7 @@ from __future__ import annotations
 import paddle
 from paddle import nn
 
+from fastdeploy.distributed.parallel_state import tensor_model_parallel_all_gather
 from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead
 
 
@@ -33,7 +34,8 @@ class LogitsProcessor(nn.Layer):
 
     def forward(self, lm_head: ParallelLMHead, hidden_states: paddle.Tensor) -> paddle.Tensor:
         """``hidden_states`` ``[S, hidden]`` -> logits ``[S, vocab_size]`` float32."""
-        logits = lm_head(hidden_states)
+        # Each tensor-parallel rank computed its vocabulary range: every rank gets them all.
+        logits = tensor_model_parallel_all_gather(lm_head(hidden_states), axis=-1)
         if logits.dtype != paddle.float32:
             logits = logits.astype("float32")
         if logits.shape[-1] > self.vocab_size:

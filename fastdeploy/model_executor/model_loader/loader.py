@@ -56,7 +56,10 @@ def get_weights_iterator(model_config: Any, load_format: str = "auto") -> Iterat
         files = safetensors_files(folder)
         if not files:
             raise ValueError(f"load_format='safetensors' but {folder} has no *.safetensors files.")
-        return safetensors_weights_iterator(files)
+        from fastdeploy.distributed.parallel_state import get_tensor_model_parallel_world_size
+
+        # Under tensor parallelism each rank widens only its slice of a bf16 tensor.
+        return safetensors_weights_iterator(files, lazy_bf16=get_tensor_model_parallel_world_size() > 1)
     if fmt == "pt":
         files = pt_files(folder)
         if not files:

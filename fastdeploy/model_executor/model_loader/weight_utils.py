@@ -73,8 +73,46 @@ def _decode(buf: np.ndarray, dtype: str, shape: list[int], name: str) -> np.ndar
     return buf.view(_ST_DTYPES[dtype]).reshape(shape)
 
 
-def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
-    """Every tensor of the files, read through a memory map (read-only arrays)."""
+class LazyBF16:
+    """A bf16 safetensors tensor widened to fp32 only where it is read.
+
+    Under tensor parallelism each rank slices its share first (``loaded[rows]``), so it widens
+    (and reads from the memory map) only that slice; anything else sees the whole fp32 array
+    (``np.asarray``, ``.T``, any other attribute).
+    """
+
+    def __init__(self, raw: np.ndarray) -> None:
+        self.raw = raw  # uint16 view of the file, in the tensor's shape
+        self.shape = raw.shape
+        self.ndim = raw.ndim
+        self.dtype = np.dtype(np.float32)
+
+    @staticmethod
+    def _widen(raw: np.ndarray) -> np.ndarray:
+        return (raw.astype(np.uint32) << 16).view(np.float32)
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        return self._widen(self.raw[index])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        array = self._widen(self.raw)
+        return array if dtype is None else array.astype(dtype)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # numpy probing for its array protocols: only __array__ is offered
+            raise AttributeError(name)
+        return getattr(np.asarray(self), name)
+
+
+def safetensors_weights_iterator(files: list[str], lazy_bf16: bool = False) -> Iterator[tuple[str, np.ndarray]]:
+    """Every tensor of the files, read through a memory map (read-only arrays).
+
+    ``lazy_bf16`` (tensor parallelism): bf16 tensors come as :class:`LazyBF16`, so a rank widens
+    only the slice it keeps; fp32 tensors are memory-map views either way.
+    """
     headers = [_safetensors_header(f) for f in files]
     total = sum(len(h) for _, h in headers)
     with _progress(total, "Loading safetensors weights") as bar:
@@ -82,7 +120,10 @@ def safetensors_weights_iterator(files: list[str]) -> Iterator[tuple[str, np.nda
             data = np.memmap(path, dtype=np.uint8, mode="r", offset=offset)
             for name, info in header.items():
                 start, end = info["data_offsets"]
-                yield name, _decode(data[start:end], info["dtype"], info["shape"], name)
+                if lazy_bf16 and info["dtype"] == "BF16":
+                    yield name, LazyBF16(data[start:end].view("<u2").reshape(info["shape"]))
+                else:
+                    yield name, _decode(data[start:end], info["dtype"], info["shape"], name)
                 bar.update(1)
             del data
 

@@ -131,16 +131,18 @@ class LlamaAttention(nn.Layer):
                  quant_config: QuantizationConfig | None = None, prefix: str = "") -> None:
         super().__init__()
         hidden = hf_config.hidden_size
-        self.num_heads = hf_config.num_attention_heads
-        self.num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or self.num_heads
+        total_heads = hf_config.num_attention_heads
+        total_kv_heads = getattr(hf_config, "num_key_value_heads", None) or total_heads
         self.head_dim = get_head_dim(hf_config)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = QKVParallelLinear(
-            hidden, self.head_dim, self.num_heads, self.num_kv_heads, bias=options.qkv_bias, dtype=dtype,
+            hidden, self.head_dim, total_heads, total_kv_heads, bias=options.qkv_bias, dtype=dtype,
             quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
         )
-        self.o_proj = RowParallelLinear(self.q_size, hidden, bias=options.o_bias, dtype=dtype,
+        # This tensor-parallel rank's heads (all of them at one rank).
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, bias=options.o_bias, dtype=dtype,
                                         quant_config=quant_config, prefix=f"{prefix}.o_proj")
         self.qk_norm = (
             QKNorm(self.num_heads, self.num_kv_heads, self.head_dim, hf_config.rms_norm_eps, dtype)
@@ -180,8 +182,12 @@ class LlamaDecoderLayer(nn.Layer):
                                                         quant_config, f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(hidden, eps, dtype)
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype)
-        self.intermediate_size = hf_config.intermediate_size
-        self._fusable = get_op_backend().decoder_layer and self.input_layernorm.uses_kernel
+        down = getattr(self.mlp, "down_proj", None)  # an MoE block has none (and no fused kernel)
+        self.intermediate_size = down.input_size if down is not None else hf_config.intermediate_size  # this rank's
+        # The fused kernel runs a whole layer with no all-reduce inside: under tensor parallelism
+        # the layer runs op by op (LlamaModel logs it once).
+        self._fusable = (get_op_backend().decoder_layer and self.input_layernorm.uses_kernel
+                         and self.self_attn.o_proj.tp_size == 1)
 
     # The fused kernel's per-layer arguments ((before the step's tensors), (after)), set once the
     # weights are packed (process_weights_after_loading); None: the layer runs op by op.
@@ -265,6 +271,9 @@ class LlamaModel(nn.Layer):
             for i in range(hf_config.num_hidden_layers)
         ])
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype)
+        if self.embed_tokens.tp_size > 1 and get_op_backend().decoder_layer:
+            logger.info("Tensor parallel: the decoder layers run op by op (the fused layer kernel has no "
+                        "all-reduce inside).")
 
     def forward(
         self,

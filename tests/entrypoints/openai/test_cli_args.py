@@ -97,8 +97,9 @@ def test_bad_json_value_is_an_error(capsys):
 
 
 @pytest.mark.parametrize(("argv", "flag"), [
-    (["-tp", "2"], "--tensor-parallel-size"),
-    (["-dp", "2"], "--data-parallel-size"),
+    # The default model's 9 heads do not split over 2 tensor-parallel ranks.
+    (["-tp", "2"], r"num_attention_heads \(9\) is not divisible by --tensor-parallel-size"),
+    (["-pp", "2"], "--pipeline-parallel-size"),
     (["--speculative-config", '{"method": "ngram"}'], "--speculative-config"),
     (["--scheduler-name", "splitwise"], "--scheduler-name"),
     (["--guided-decoding-backend", "outlines"], "outlines"),

@@ -246,7 +246,8 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
 
     def weight_loader(self, layer: VocabParallelEmbedding, param: paddle.Tensor, loaded: Any,
                       shard_id: object = None) -> bool:
-        blocks = check_blocks(loaded, type(layer).__name__, (layer.num_embeddings, layer.embedding_dim))
+        blocks = check_blocks(loaded, type(layer).__name__, (layer.num_embeddings_per_partition,
+                                                              layer.embedding_dim))
         qweight = paddle.to_tensor(np.ascontiguousarray(blocks.data).reshape(-1))
         layer.register_buffer("qweight", qweight, persistable=True)
         object.__setattr__(layer, "qweight_type", blocks.ggml_type)
@@ -259,4 +260,4 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
 
     def dense_weight(self, layer: VocabParallelEmbedding) -> paddle.Tensor:
         qweight, ggml_type, dim = layer._gguf_args
-        return dequantize_rows(qweight, ggml_type, layer.num_embeddings, dim)
+        return dequantize_rows(qweight, ggml_type, layer.num_embeddings_per_partition, dim)
