@@ -184,3 +184,12 @@ def test_models_whose_layers_do_not_shard_are_refused_under_tp(tmp_path):
     path = build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "moe")  # the experts hold every weight whole
     with pytest.raises(ValueError, match="not supported for Qwen3MoeForCausalLM"):
         EngineArgs(model=path, tensor_parallel_size=2).create_engine_config()
+
+
+def test_speculative_decoding_is_refused_under_tp(tmp_path):
+    from fastdeploy.engine.arg_utils import EngineArgs
+
+    path = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "llama")
+    with pytest.raises(ValueError, match="--tensor-parallel-size > 1 with --speculative-config"):
+        EngineArgs(model=path, tensor_parallel_size=2,
+                   speculative_config={"method": "ngram", "num_speculative_tokens": 2}).create_engine_config()
