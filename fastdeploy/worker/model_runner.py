@@ -73,6 +73,8 @@ class ModelRunner:
             self.max_num_reqs, self.max_model_len, -(-self.max_model_len // self.block_size), self.vocab_size
         )
         self._seed = mc.seed
+        # Multimodal models: M-RoPE positions and the encoder cache (fastdeploy.multimodal.runner).
+        self.mm_state = None
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -80,6 +82,10 @@ class ModelRunner:
             paddle.seed(self._seed)
         self.model = get_model(self.model_config, self.fd_config.load_config)
         self.model.eval()
+        if getattr(self.model, "supports_multimodal", False):
+            from fastdeploy.multimodal.runner import MultiModalRunnerState
+
+            self.mm_state = MultiModalRunnerState(self.model)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -110,6 +116,8 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
+            if self.mm_state is not None:
+                self.mm_state.remove_request(req_id)
         for req_id in so.preempted_req_ids:
             batch.remove_request(req_id)
         for new in so.scheduled_new_reqs:
@@ -122,6 +130,8 @@ class ModelRunner:
                     new.req_id, sp, new.num_prompt_tokens, new.eos_token_id, gen, new.bad_words_token_ids
                 )
                 self.requests[new.req_id] = state
+            if self.mm_state is not None:
+                self.mm_state.add_request(new.req_id, new.token_ids, new.num_prompt_tokens, new.mm_features)
             # Outputs generated before a preemption come back in token_ids; the row rebuilds its
             # penalty counts from them.
             batch.add_request(
@@ -169,7 +179,9 @@ class ModelRunner:
         meta, positions = build_attention_metadata(block_tables, n, seq_lens, bs)
         input_ids = batch.token_ids[np.repeat(rows, n), positions]
 
-        hidden = self.model(paddle.to_tensor(input_ids), paddle.to_tensor(positions), self.kv_caches, meta)
+        mm_kwargs = self.mm_state.step_inputs(req_ids, computed, n) if self.mm_state is not None else {}
+        hidden = self.model(paddle.to_tensor(input_ids), paddle.to_tensor(positions), self.kv_caches, meta,
+                            **mm_kwargs)
 
         # Requests whose chunk reaches their last known token sample the next one.
         sample_mask = computed + n >= batch.num_tokens[rows]
