@@ -5,6 +5,8 @@ prefill in chunks that cut through the images, so the encoder cache and the 3-D 
 later chunks are exercised too.
 """
 
+import base64
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,7 @@ def tiny_vl(tmp_path_factory):
     path = build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("qwen2_5_vl"))
     hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
     llm = LLM(path, dtype="float32", max_model_len=1024, kv_cache_memory_bytes=64 << 20, max_num_seqs=8,
-              max_num_batched_tokens=24)
+              max_num_batched_tokens=24, limit_mm_per_prompt={"image": 2})
     return path, llm, hf
 
 
@@ -122,3 +124,37 @@ def test_images_behind_the_same_tokens_are_not_confused(tiny_vl):
     again = _chat(llm, [random_image(20, (112, 84))])
     assert again.num_cached_tokens >= 16
     assert again.outputs[0].token_ids == first.outputs[0].token_ids
+
+
+_PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Hi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("bad_base64", "Invalid base64"),
+    ("not_an_image", "Failed to load image"),
+    ("file_without_flag", "allowed-local-media-path"),
+    ("too_many", "passed 3 image items"),
+    ("not_pil", "must be a PIL.Image"),
+    ("no_placeholder", "0 image placeholders"),
+])
+def test_bad_image_inputs_are_value_errors(tiny_vl, kind, match):
+    _, llm, _ = tiny_vl
+    url = {"bad_base64": "data:image/png;base64,@@@", "file_without_flag": "file:///etc/hostname",
+           "not_an_image": "data:image/png;base64," + base64.b64encode(b"plain text").decode()}.get(kind)
+    with pytest.raises(ValueError, match=match):
+        if url is not None:
+            llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}], _params())
+        elif kind == "too_many":
+            _chat(llm, [random_image(1)] * 3)
+        else:
+            image = np.zeros((56, 56, 3)) if kind == "not_pil" else random_image(1)
+            prompt = _PROMPT if kind == "not_pil" else "no placeholder here"
+            llm.generate({"prompt": prompt, "multi_modal_data": {"image": image}}, _params(), use_tqdm=False)
+    # The engine is unharmed.
+    assert len(llm.generate({"prompt": _PROMPT, "multi_modal_data": {"image": random_image(1)}}, _params(),
+                            use_tqdm=False)[0].outputs[0].token_ids) == MAX_TOKENS
+
+
+def test_text_only_model_refuses_images(smol_llm):
+    with pytest.raises(ValueError, match="not a multimodal model"):
+        smol_llm.generate({"prompt": "Hi", "multi_modal_data": {"image": random_image(1)}})
