@@ -35,6 +35,7 @@ class _ModelInfo:
 
 _MODELS: dict[str, _ModelInfo] = {
     "Qwen2_5_VLForConditionalGeneration": _ModelInfo("Qwen2VLImageProcessor", "<|image_pad|>"),
+    "PaddleOCRVLForConditionalGeneration": _ModelInfo("PaddleOCRVLImageProcessor", "<|IMAGE_PLACEHOLDER|>"),
 }
 
 
@@ -49,7 +50,8 @@ def _image_processor(info: _ModelInfo, model_path: str, hf_config: Any) -> Any:
     if os.path.isfile(os.path.join(model_path, "preprocessor_config.json")):
         return cls.from_pretrained(model_path)
     vc = hf_config.vision_config  # no preprocessor config: the processor's defaults at the tower's sizes
-    return cls(patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size, merge_size=vc.spatial_merge_size)
+    return cls(patch_size=vc.patch_size, temporal_patch_size=getattr(vc, "temporal_patch_size", 1),
+               merge_size=vc.spatial_merge_size)
 
 
 class MultiModalProcessor:

@@ -81,7 +81,11 @@ def mrope_positions_of(token_ids: Sequence[int], features: Sequence[Any], merge:
 
 
 class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
-    """Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``): vision tower + Qwen2 decoder with M-RoPE."""
+    """Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``): vision tower + Qwen2 decoder with M-RoPE.
+
+    Other vision-language models with a Llama-family decoder under M-RoPE subclass it and
+    override :meth:`decoder_options`, :meth:`build_vision_tower` and :meth:`rename_weight`.
+    """
 
     supports_multimodal = True
     uses_mrope = True
@@ -90,7 +94,7 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
         text_config = hf_config.get_text_config()
         super().__init__(text_config, dtype, quant_config)
         self.hf_config = hf_config
-        self.visual = Qwen2_5_VisionTransformer(hf_config.vision_config)
+        self.visual = self.build_vision_tower(hf_config)
         self.image_token_id = int(hf_config.image_token_id)
         self.spatial_merge_size = int(hf_config.vision_config.spatial_merge_size)
         base, _, rotary_dim = rope_settings(text_config)
@@ -105,6 +109,22 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
     @classmethod
     def decoder_options(cls, hf_config: Any) -> DecoderOptions:
         return DecoderOptions(qkv_bias=True)
+
+    @classmethod
+    def build_vision_tower(cls, hf_config: Any) -> paddle.nn.Layer:
+        """The vision encoder: ``(pixel_values tensor, grid_thw [I, 3]) -> [tokens, text hidden]``."""
+        return Qwen2_5_VisionTransformer(hf_config.vision_config)
+
+    def rename_weight(self, name: str, array: np.ndarray) -> tuple[str, np.ndarray]:
+        """A checkpoint tensor under our name: ``model.visual.*`` / ``model.language_model.*``
+        (transformers 5) and ``visual.*`` / ``model.*`` (the released checkpoints)."""
+        if name.startswith("model.visual."):
+            name = name[len("model."):]
+        if name.startswith("visual."):
+            return self.visual.hf_to_ours(name, array)
+        if name.startswith("model.language_model."):
+            name = "model." + name[len("model.language_model."):]
+        return name, array
 
     @property
     def tie_word_embeddings(self) -> bool:
@@ -153,18 +173,5 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
 
     # ---- weights -------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> set[str]:
-        """Hugging Face names of both layouts: ``model.visual.*`` / ``model.language_model.*``
-        (transformers 5) and ``visual.*`` / ``model.*`` (the released checkpoints)."""
-
-        def renamed() -> Iterable[tuple[str, np.ndarray]]:
-            for name, array in weights:
-                if name.startswith("model.visual."):
-                    name = name[len("model."):]
-                if name.startswith("visual."):
-                    yield self.visual.hf_to_ours(name, array)
-                    continue
-                if name.startswith("model.language_model."):
-                    name = "model." + name[len("model.language_model."):]
-                yield name, array
-
-        return super().load_weights(renamed())
+        """Load Hugging Face tensors, renamed by :meth:`rename_weight`."""
+        return super().load_weights(self.rename_weight(name, array) for name, array in weights)

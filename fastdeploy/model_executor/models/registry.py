@@ -31,6 +31,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     # The name Baidu's own ERNIE 4.5 checkpoints put in config.json.
     "Ernie4_5_ForCausalLM": ("ernie4_5", "Ernie4_5ForCausalLM"),
     "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "PaddleOCRVLForConditionalGeneration": ("paddleocr_vl", "PaddleOCRVLForConditionalGeneration"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL in Paddle against transformers on a tiny random checkpoint (fp32, greedy).
+"""Qwen2.5-VL and PaddleOCR-VL in Paddle against transformers on tiny random checkpoints (fp32, greedy).
 
 One ``LLM`` serves every test; its small ``max_num_batched_tokens`` makes the image prompts
 prefill in chunks that cut through the images, so the encoder cache and the 3-D positions of
@@ -10,24 +10,38 @@ import base64
 import numpy as np
 import pytest
 
-from tests.multimodal.utils import build_tiny_qwen2_5_vl, random_image
+from tests.multimodal.utils import (
+    PADDLEOCR_TOKENS,
+    VISION_TOKENS,
+    build_tiny_paddleocr_vl,
+    build_tiny_qwen2_5_vl,
+    random_image,
+)
 
 MAX_TOKENS = 20
+# architecture -> (checkpoint builder, transformers image processor, its tokens: start, end, image, video)
+MODELS = {
+    "Qwen2_5_VLForConditionalGeneration": (build_tiny_qwen2_5_vl, "Qwen2VLImageProcessor", VISION_TOKENS),
+    "PaddleOCRVLForConditionalGeneration": (build_tiny_paddleocr_vl, "PaddleOCRVLImageProcessor", PADDLEOCR_TOKENS),
+}
 
 
-@pytest.fixture(scope="module")
-def tiny_vl(tmp_path_factory):
-    """(checkpoint folder, our LLM, transformers model) of the tiny Qwen2.5-VL."""
+@pytest.fixture(scope="module", params=list(MODELS))
+def tiny_vl(request, tmp_path_factory):
+    """(checkpoint folder, our LLM, transformers model, image marker) of one tiny model."""
     import torch
     import transformers
 
     from fastdeploy import LLM
 
-    path = build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("qwen2_5_vl"))
-    hf = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    build, _, (start, end, image, _) = MODELS[request.param]
+    path = build(tmp_path_factory.mktemp(request.param))
+    hf = getattr(transformers, request.param).from_pretrained(path, dtype=torch.float32).eval()
     llm = LLM(path, dtype="float32", max_model_len=1024, kv_cache_memory_bytes=64 << 20, max_num_seqs=8,
               max_num_batched_tokens=24, limit_mm_per_prompt={"image": 2})
-    return path, llm, hf
+    assert type(llm.llm_engine.engine_core.worker.model_runner.model).__name__ == request.param
+    yield path, llm, hf, (start, image, end)
+    del llm
 
 
 def _params():
@@ -60,25 +74,27 @@ def _hf_generate(hf, prompt_ids, images, image_processor, image_token_id):
 def hf_image_processor(tiny_vl):
     import transformers
 
-    return transformers.Qwen2VLImageProcessor.from_pretrained(tiny_vl[0])
+    arch = type(tiny_vl[2]).__name__
+    return getattr(transformers, MODELS[arch][1]).from_pretrained(tiny_vl[0])
 
 
 def test_processing_matches_hf_processor(tiny_vl, hf_image_processor):
     """Pixel values and grid equal the HF image processor's; each placeholder is expanded as the HF
     processor expands it (the token repeated grid.prod() / merge**2 times)."""
-    _, llm, hf = tiny_vl
+    _, llm, hf, marker = tiny_vl
     processor = llm.llm_engine.processor
     tok = llm.get_tokenizer()
     images = [random_image(1), random_image(2, (112, 84))]
-    text = "a<|vision_start|><|image_pad|><|vision_end|>b<|vision_start|><|image_pad|><|vision_end|>c"
+    text = "a{0}{1}{2}b{0}{1}{2}c".format(*marker)
+    pad = marker[1]
     prompt = processor.process_prompt({"prompt": text, "multi_modal_data": {"image": images}})
     ref = hf_image_processor(images=images, return_tensors="np")
     got_pixels = np.concatenate([f.pixel_values.to_array() for f in prompt.mm_features])
     np.testing.assert_array_equal(got_pixels, ref["pixel_values"])
     assert [f.grid_thw for f in prompt.mm_features] == ref["image_grid_thw"].tolist() == [[1, 4, 4], [1, 6, 8]]
     counts = [int(np.prod(g)) // 4 for g in ref["image_grid_thw"]]
-    pieces = text.split("<|image_pad|>")
-    expanded = pieces[0] + "<|image_pad|>" * counts[0] + pieces[1] + "<|image_pad|>" * counts[1] + pieces[2]
+    pieces = text.split(pad)
+    expanded = pieces[0] + pad * counts[0] + pieces[1] + pad * counts[1] + pieces[2]
     assert prompt.token_ids == tok.encode(expanded)
     image_id = hf.config.image_token_id
     assert [(f.offset, f.length) for f in prompt.mm_features] == [
@@ -92,7 +108,7 @@ def _encoder_cache(llm):
 
 @pytest.mark.parametrize("num_images", [1, 2])
 def test_greedy_matches_transformers(tiny_vl, hf_image_processor, num_images):
-    _, llm, hf = tiny_vl
+    _, llm, hf, _ = tiny_vl
     images = [random_image(10), random_image(11, (112, 84))][:num_images]
     encoded = _encoder_cache(llm).num_encoded
     out = _chat(llm, images)
@@ -106,7 +122,7 @@ def test_greedy_matches_transformers(tiny_vl, hf_image_processor, num_images):
 
 
 def test_text_only_prompt_matches_transformers(tiny_vl, hf_image_processor):
-    _, llm, hf = tiny_vl
+    _, llm, hf, _ = tiny_vl
     out = llm.chat([{"role": "user", "content": "Just text, no picture."}], _params(), use_tqdm=False)[0]
     assert list(out.outputs[0].token_ids) == _hf_generate(hf, out.prompt_token_ids, [], hf_image_processor, -1)
 
@@ -114,7 +130,7 @@ def test_text_only_prompt_matches_transformers(tiny_vl, hf_image_processor):
 def test_images_behind_the_same_tokens_are_not_confused(tiny_vl):
     """Two different images give the same prompt ids but different answers; the same image again
     is served from the prefix cache (and the encoder cache), with the same answer."""
-    _, llm, _ = tiny_vl
+    _, llm, _, marker = tiny_vl
     llm.reset_prefix_cache()
     first = _chat(llm, [random_image(20, (112, 84))])
     other = _chat(llm, [random_image(21, (112, 84))])
@@ -126,7 +142,7 @@ def test_images_behind_the_same_tokens_are_not_confused(tiny_vl):
     assert again.outputs[0].token_ids == first.outputs[0].token_ids
 
 
-_PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Hi<|im_end|>\n<|im_start|>assistant\n"
+_PROMPT = "<|im_start|>user\n{marker}Hi<|im_end|>\n<|im_start|>assistant\n"
 
 
 @pytest.mark.parametrize("kind, match", [
@@ -138,7 +154,7 @@ _PROMPT = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Hi<|im_e
     ("no_placeholder", "0 image placeholders"),
 ])
 def test_bad_image_inputs_are_value_errors(tiny_vl, kind, match):
-    _, llm, _ = tiny_vl
+    _, llm, _, marker = tiny_vl
     url = {"bad_base64": "data:image/png;base64,@@@", "file_without_flag": "file:///etc/hostname",
            "not_an_image": "data:image/png;base64," + base64.b64encode(b"plain text").decode()}.get(kind)
     with pytest.raises(ValueError, match=match):
@@ -148,11 +164,11 @@ def test_bad_image_inputs_are_value_errors(tiny_vl, kind, match):
             _chat(llm, [random_image(1)] * 3)
         else:
             image = np.zeros((56, 56, 3)) if kind == "not_pil" else random_image(1)
-            prompt = _PROMPT if kind == "not_pil" else "no placeholder here"
+            prompt = _PROMPT.format(marker="".join(marker)) if kind == "not_pil" else "no placeholder here"
             llm.generate({"prompt": prompt, "multi_modal_data": {"image": image}}, _params(), use_tqdm=False)
     # The engine is unharmed.
-    assert len(llm.generate({"prompt": _PROMPT, "multi_modal_data": {"image": random_image(1)}}, _params(),
-                            use_tqdm=False)[0].outputs[0].token_ids) == MAX_TOKENS
+    prompt = {"prompt": _PROMPT.format(marker="".join(marker)), "multi_modal_data": {"image": random_image(1)}}
+    assert len(llm.generate(prompt, _params(), use_tqdm=False)[0].outputs[0].token_ids) == MAX_TOKENS
 
 
 def test_text_only_model_refuses_images(smol_llm):
