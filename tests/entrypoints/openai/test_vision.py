@@ -16,7 +16,7 @@ import openai
 import pytest
 from remote_server import RemoteOpenAIServer
 
-from tests.multimodal.utils import build_tiny_qwen2_5_vl, png_bytes, random_image
+from tests.multimodal.utils import build_tiny_paddleocr_vl, build_tiny_qwen2_5_vl, png_bytes, random_image
 
 MODEL = "tiny-qwen2.5-vl"
 
@@ -41,14 +41,17 @@ def http_base(media_dir):
     httpd.shutdown()
 
 
-@pytest.fixture(scope="module")
-def vl_server(tmp_path_factory, media_dir):
-    path = build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("qwen2_5_vl"))
-    args = ["--model", path, "--served-model-name", MODEL, "--dtype", "float32", "--max-model-len", "1024",
+def _server_args(path, media_dir):
+    return ["--model", path, "--served-model-name", MODEL, "--dtype", "float32", "--max-model-len", "1024",
             "--kv-cache-memory-bytes", "64M", "--max-num-seqs", "8", "--disable-log-stats",
             "--uvicorn-log-level", "warning", "--limit-mm-per-prompt", '{"image": 2}',
             "--allowed-local-media-path", str(media_dir), "--allowed-media-domains", "127.0.0.1"]
-    with RemoteOpenAIServer(args) as srv:
+
+
+@pytest.fixture(scope="module")
+def vl_server(tmp_path_factory, media_dir):
+    with RemoteOpenAIServer(_server_args(build_tiny_qwen2_5_vl(tmp_path_factory.mktemp("qwen2_5_vl")),
+                                         media_dir)) as srv:
         yield srv
 
 
@@ -80,6 +83,18 @@ def test_base64_url_and_file_images_answer_alike(vl_client, media_dir, http_base
     assert by_data.usage.prompt_tokens == text_only.usage.prompt_tokens + 6
     two = _ask(vl_client, [f"{http_base}/cat.png", f"{http_base}/dog.png"])
     assert two.usage.prompt_tokens == by_data.usage.prompt_tokens + 2 + 12
+
+
+def test_paddleocr_vl_answers_base64_and_url_images(tmp_path_factory, media_dir, http_base):
+    path = build_tiny_paddleocr_vl(tmp_path_factory.mktemp("paddleocr_vl"))
+    with RemoteOpenAIServer(_server_args(path, media_dir)) as srv:
+        client = srv.get_client()
+        by_data = _ask(client, [_data_url((media_dir / "dog.png").read_bytes())])
+        by_http = _ask(client, [f"{http_base}/dog.png"])
+        assert by_data.choices[0].message.content
+        assert by_data.choices[0].message.content == by_http.choices[0].message.content
+        with pytest.raises(openai.BadRequestError):
+            _ask(client, [f"{http_base}/notes.png"])
 
 
 @pytest.mark.parametrize("url, match", [
