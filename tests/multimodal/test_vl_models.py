@@ -174,3 +174,10 @@ def test_bad_image_inputs_are_value_errors(tiny_vl, kind, match):
 def test_text_only_model_refuses_images(smol_llm):
     with pytest.raises(ValueError, match="not a multimodal model"):
         smol_llm.generate({"prompt": "Hi", "multi_modal_data": {"image": random_image(1)}})
+
+
+def test_ernie_4_5_vl_is_refused_by_name():
+    from fastdeploy.model_executor.models.registry import ModelRegistry
+
+    with pytest.raises(NotImplementedError, match="ERNIE-4.5-VL is a mixture-of-experts"):
+        ModelRegistry.resolve(["Ernie4_5_VLMoeForConditionalGeneration"])
