@@ -26,6 +26,15 @@ Qwen3-30B-A3B's shapes on dummy bf16 weights against dense SwiGLU layers with th
 parameters, batch 1 and 16.
 
     python benchmarks/benchmark_kernels.py --threads 1 2
+
+``--vision`` measures instead the vision-language rows: the vision encoder on one 448x448 image
+(256 placeholder tokens after the 2x2 merge) and the TTFT of one chat prompt with that image
+(image processing in the API process's code path, encoder, prefill, first token) on dummy
+weights at Qwen2.5-VL-3B's and PaddleOCR-VL-0.9B's real shapes. Qwen2.5-VL-3B's whole model
+needs ~20 GB while loading (fp32 parameters beside their packed bf16 copies), so its TTFT runs
+only with ``--vision-full-3b``; its encoder runs alone.
+
+    python benchmarks/benchmark_kernels.py --vision --threads 2
 """
 
 from __future__ import annotations
@@ -277,6 +286,108 @@ def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_laye
     return row
 
 
+# Real shapes (the released config.json files).
+_VL_SHAPES = {
+    "Qwen2.5-VL-3B": dict(
+        arch="Qwen2_5_VLForConditionalGeneration", tokens=("<|vision_start|>", "<|vision_end|>", "<|image_pad|>"),
+        text=dict(vocab_size=151936, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                  num_attention_heads=16, num_key_value_heads=2, max_position_embeddings=128000, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+                  tie_word_embeddings=True),
+        vision=dict(depth=32, hidden_size=1280, num_heads=16, intermediate_size=3420, out_hidden_size=2048,
+                    patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                    fullatt_block_indexes=[7, 15, 23, 31], hidden_act="silu", tokens_per_second=2)),
+    "PaddleOCR-VL-0.9B": dict(
+        arch="PaddleOCRVLForConditionalGeneration",
+        tokens=("<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>"),
+        text=dict(vocab_size=103424, hidden_size=1024, intermediate_size=3072, num_hidden_layers=18,
+                  num_attention_heads=16, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
+                  rms_norm_eps=1e-5, use_bias=False, tie_word_embeddings=False,
+                  rope_parameters={"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [16, 24, 24]}),
+        vision=dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                    patch_size=14, image_size=384, spatial_merge_size=2, hidden_act="gelu_pytorch_tanh",
+                    layer_norm_eps=1e-6)),
+}
+
+
+def _vl_checkpoint(name: str, folder: str) -> str:
+    """A config-only folder (dummy weights) with SmolLM2's tokenizer plus the model's image tokens."""
+    import transformers
+
+    from fastdeploy.transformers_utils.model_resolver import resolve_model
+    from fastdeploy.transformers_utils.tokenizer import get_tokenizer
+
+    spec = _VL_SHAPES[name]
+    start, end, image = spec["tokens"]
+    tok = get_tokenizer(*resolve_model(None)[:1], gguf_file=resolve_model(None)[1])
+    tok.add_special_tokens({"additional_special_tokens": list(spec["tokens"])})
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% for p in m['content'] %}"
+                         "{% if p['type'] == 'image' %}" + start + image + end + "{% else %}{{ p['text'] }}{% endif %}"
+                         "{% endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    tok.save_pretrained(folder)
+    config_cls = transformers.Qwen2_5_VLConfig if "Qwen" in name else transformers.PaddleOCRVLConfig
+    ids = {t: tok.convert_tokens_to_ids(t) for t in spec["tokens"]}
+    cfg = config_cls(text_config=spec["text"], vision_config=spec["vision"], image_token_id=ids[image],
+                     vision_start_token_id=ids[start], tie_word_embeddings=spec["text"]["tie_word_embeddings"])
+    cfg.architectures = [spec["arch"]]
+    cfg.save_pretrained(folder)
+    return folder
+
+
+def measure_vision(full_3b: bool) -> dict:
+    """Child process: encoder ms and TTFT ms for one 448x448 image per model (medians of 3 after a warm-up)."""
+    import numpy as np
+    from PIL import Image
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (448, 448, 3), dtype=np.uint8))
+    return {name: _vision_row(name, image, full_3b or "Qwen" not in name) for name in _VL_SHAPES}
+
+
+def _vision_row(name: str, image, run_lm: bool) -> dict:
+    import tempfile
+
+    import numpy as np
+    import paddle
+
+    from fastdeploy import LLM, SamplingParams
+    from fastdeploy.config import ModelConfig
+    from fastdeploy.model_executor.model_loader.loader import initialize_dummy_weights
+    from fastdeploy.model_executor.models.registry import ModelRegistry
+    from fastdeploy.multimodal.processing import MultiModalProcessor
+
+    folder = _vl_checkpoint(name, tempfile.mkdtemp(prefix="vl-bench-"))
+    if run_lm:
+        llm = LLM(folder, load_format="dummy", max_model_len=2048, kv_cache_memory_bytes=256 << 20, max_num_seqs=4)
+        visual = llm.llm_engine.engine_core.worker.model_runner.model.visual
+        processor = llm.llm_engine.processor.mm_processor()
+    else:  # the vision tower alone, at its real shape
+        model_config = ModelConfig(model=folder)
+        visual = ModelRegistry.resolve(model_config.architectures).build_vision_tower(model_config.hf_config)
+        initialize_dummy_weights(visual)
+        processor = MultiModalProcessor(model_config, None)
+    _, (feature,) = processor.process([processor.image_token_id], {"image": image})
+    pixels, grid = paddle.to_tensor(feature.pixel_values.to_array()), np.asarray([feature.grid_thw])
+    with paddle.no_grad():
+        row = {"image_tokens": feature.length, "grid_thw": feature.grid_thw,
+               "vision_encoder_ms": round(_median_ms(lambda: visual(pixels, grid), 3), 1)}
+    if not run_lm:
+        row["ttft_ms"] = None
+        row["ttft_note"] = ("not measured: the whole 3B model needs ~20 GB while loading; run with --vision-full-3b "
+                            "on a machine with the memory")
+        return row
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    messages = [{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
+                                             {"type": "text", "text": "Describe the image."}]}]
+
+    def first_token() -> None:
+        llm.reset_prefix_cache()  # every run prefills the whole prompt
+        llm.chat(messages, params, use_tqdm=False)
+
+    row["ttft_ms"] = round(_median_ms(first_token, 3), 1)
+    row["prompt_tokens"] = len(llm.chat(messages, params, use_tqdm=False)[0].prompt_token_ids)
+    return row
+
+
 def measure_rss(name: str) -> dict:
     """Child process: peak RSS (MB) of one configuration's worker, model and KV cache, built alone."""
     import resource
@@ -308,12 +419,16 @@ def main() -> None:
     parser.add_argument("--moe-layers", type=int, default=2, help="layers of each MoE / dense row (~1.5 GB each)")
     parser.add_argument("--moe-reps", type=int, default=10)
     parser.add_argument("--moe-only", action="store_true", help="only the MoE-vs-dense rows (results/kernels_moe.json)")
+    parser.add_argument("--vision", action="store_true", help="measure the vision-language rows instead")
+    parser.add_argument("--vision-full-3b", action="store_true", help="with --vision: Qwen2.5-VL-3B's TTFT too")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-task", default="steps", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         if args.child_task == "moe":
             print(json.dumps(measure_moe(args.moe_layers, args.moe_reps)))
+        elif args.child_task.startswith("vision"):
+            print(json.dumps(measure_vision(args.child_task == "vision-full-3b")))
         elif args.child_task == "formats":
             print(json.dumps(measure_formats(args.prefill_len)))
         elif args.child_task.startswith("rss:"):
@@ -331,6 +446,17 @@ def main() -> None:
         with open(output, "w", encoding="utf-8") as f:
             json.dump({"benchmark": "benchmarks/benchmark_kernels.py", "command": " ".join(["python"] + sys.argv),
                        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count()}, "moe_by_threads": moe}, f, indent=2)
+        return
+    if args.vision:
+        task = "vision-full-3b" if args.vision_full_3b else "vision"
+        by_threads = {str(t): run_child(t, args, "--child-task", task) for t in args.threads}
+        print(json.dumps(by_threads, indent=1), flush=True)
+        output = args.output.replace("kernels.json", "kernels_vision.json")
+        with open(output, "w", encoding="utf-8") as f:
+            json.dump({"benchmark": "benchmarks/benchmark_kernels.py --vision", "command": " ".join(["python"] + sys.argv),
+                       "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "load_average": os.getloadavg()[0]},
+                       "note": "dummy weights at the real shapes; one 448x448 image; median ms of 3 after a warm-up",
+                       "results_by_threads": by_threads}, f, indent=2)
         return
     results = {}
     for threads in args.threads:

@@ -51,11 +51,17 @@ class ModelConfig:
     model_impl: str = "auto"
     quantization: str | None = None
     enforce_eager: bool = False
+    # Multimodal inputs (vLLM's MultiModalConfig / ModelConfig fields): most items of each
+    # modality per prompt, the folder file:// URLs may read, the hosts http(s) URLs may name.
+    limit_mm_per_prompt: dict[str, int] | None = None
+    allowed_local_media_path: str = ""
+    allowed_media_domains: list[str] | None = None
     # Filled in by __post_init__.
     model_path: str = ""
     gguf_file: str | None = None
     tokenizer_path: str = ""
     hf_config: Any = None
+    hf_text_config: Any = None
 
     def __post_init__(self) -> None:
         from fastdeploy.transformers_utils.config import get_hf_config
@@ -74,7 +80,9 @@ class ModelConfig:
                 f"model_impl must be one of 'auto', 'fastdeploy', 'paddleformers', got {self.model_impl!r}."
             )
         self.hf_config = get_hf_config(self.model_path, self.gguf_file, self.trust_remote_code)
-        derived = self.hf_config.max_position_embeddings
+        # A vision-language config nests its language model's (text_config); text models are their own.
+        self.hf_text_config = self.hf_config.get_text_config()
+        derived = self.hf_text_config.max_position_embeddings
         if self.max_model_len is None:
             self.max_model_len = derived
         elif self.max_model_len > derived:
@@ -91,15 +99,15 @@ class ModelConfig:
 
     @property
     def vocab_size(self) -> int:
-        return self.hf_config.vocab_size
+        return self.hf_text_config.vocab_size
 
     @property
     def num_layers(self) -> int:
-        return self.hf_config.num_hidden_layers
+        return self.hf_text_config.num_hidden_layers
 
     @property
     def num_kv_heads(self) -> int:
-        cfg = self.hf_config
+        cfg = self.hf_text_config
         return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
 
     def get_num_kv_heads(self, parallel_config: ParallelConfig) -> int:
@@ -110,7 +118,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        cfg = self.hf_config
+        cfg = self.hf_text_config
         return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
     def get_generation_config(self) -> dict[str, Any]:

@@ -22,6 +22,8 @@ FD_KV_TRANSFER_TIMEOUT  seconds a prefill instance keeps a request's KV blocks f
 FD_MAX_N_SEQUENCES      the largest ``n`` / beam width a request may ask for (default 16384);
                         VLLM_MAX_N_SEQUENCES too.
 FD_MAX_NUM_BAD_WORDS    the most ``bad_words`` a request may give (default 128); VLLM_MAX_NUM_BAD_WORDS too.
+FD_IMAGE_FETCH_TIMEOUT  seconds an http(s) image URL may take to download (default 5); VLLM_IMAGE_FETCH_TIMEOUT too.
+FD_MEDIA_MAX_BYTES      the largest media download accepted, in bytes (default 50 MiB).
 
 Variables of other tools that FastDeploy reads:
 
@@ -149,6 +151,16 @@ def max_n_sequences() -> int:
 def max_num_bad_words() -> int:
     """FD_MAX_NUM_BAD_WORDS (or VLLM_MAX_NUM_BAD_WORDS): the most ``bad_words`` of a request (128)."""
     return _int("FD_MAX_NUM_BAD_WORDS", "VLLM_MAX_NUM_BAD_WORDS", default=128)
+
+
+def image_fetch_timeout() -> float:
+    """FD_IMAGE_FETCH_TIMEOUT (or VLLM_IMAGE_FETCH_TIMEOUT): seconds to download an image URL (5)."""
+    return float(_first("FD_IMAGE_FETCH_TIMEOUT", "VLLM_IMAGE_FETCH_TIMEOUT", default="5"))
+
+
+def media_max_bytes() -> int:
+    """FD_MEDIA_MAX_BYTES: the largest media download accepted (50 MiB)."""
+    return _int("FD_MEDIA_MAX_BYTES", default=50 << 20)
 
 
 def omp_num_threads() -> str | None:

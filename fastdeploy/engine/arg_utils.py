@@ -112,6 +112,10 @@ class EngineArgs:
     generation_config: str = "auto"
     enforce_eager: bool = False
     model_impl: str = "auto"
+    # Multimodal inputs
+    limit_mm_per_prompt: dict[str, int] | None = None
+    allowed_local_media_path: str = ""
+    allowed_media_domains: list[str] | None = None
     # Cache
     block_size: int | None = None
     gpu_memory_utilization: float = 0.9
@@ -184,6 +188,9 @@ class EngineArgs:
             model_impl=self.model_impl,
             quantization=self.quantization,
             enforce_eager=self.enforce_eager,
+            limit_mm_per_prompt=parse_json(self.limit_mm_per_prompt),
+            allowed_local_media_path=self.allowed_local_media_path or "",
+            allowed_media_domains=self.allowed_media_domains,
         )
         cache_config = CacheConfig(
             block_size=self.block_size or 16,

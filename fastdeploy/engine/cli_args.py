@@ -55,6 +55,12 @@ def _model_group(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", help="Always run eagerly (no graph capture; on CPU always so: warns).")
     g.add_argument("--model-impl", type=str, default="auto", choices=["auto", "fastdeploy", "paddleformers"],
                    help="Model implementation.")
+    g.add_argument("--limit-mm-per-prompt", type=optional_json, default=None,
+                   help='Most multimodal items per prompt, per modality, e.g. \'{"image": 2}\' (default 999 each).')
+    g.add_argument("--allowed-local-media-path", type=str, default="",
+                   help="Folder that file:// media URLs may read from (none when empty).")
+    g.add_argument("--allowed-media-domains", type=str, nargs="+", default=None,
+                   help="Only media URLs whose host is one of these may be fetched (any host when unset).")
     g.add_argument("--skip-tokenizer-init", action="store_true",
                    help="Load no tokenizer: prompts must be token ids, outputs carry token ids and no text.")
     g.add_argument("--served-model-name", type=str, nargs="+", default=None,

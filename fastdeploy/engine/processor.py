@@ -37,6 +37,8 @@ class ProcessedPrompt:
 
     text: str | None
     token_ids: list[int]
+    # Images of the prompt (fastdeploy.multimodal.inputs.MultiModalFeatureSpec), placeholders expanded.
+    mm_features: list | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,23 @@ class Processor:
         # Configs may list several EOS ids; the first is the model's own, the rest arrive via generation_config.
         self.eos_token_id = eos[0] if isinstance(eos, (list, tuple)) else eos
         self.max_prompt_chars = self._max_prompt_chars()
+        self._mm_processor = None
+        from fastdeploy.multimodal.processing import is_multimodal_architecture
+
+        # Whether the model takes images (the chat front end keeps image parts for it).
+        self.is_multimodal = is_multimodal_architecture(model_config.architectures)
+
+    def mm_processor(self):
+        """The model's :class:`~fastdeploy.multimodal.processing.MultiModalProcessor`, built on first use.
+
+        Raises:
+            ValueError: the model is text only.
+        """
+        if self._mm_processor is None:
+            from fastdeploy.multimodal.processing import MultiModalProcessor
+
+            self._mm_processor = MultiModalProcessor(self.model_config, self.tokenizer)
+        return self._mm_processor
 
     def _max_prompt_chars(self) -> int | None:
         """The most characters a prompt of max_model_len tokens can have with this tokenizer (None: no tokenizer).
@@ -139,6 +158,13 @@ class Processor:
         # A truncated prompt may be any length; an untruncated one must fit.
         text, token_ids = self.tokenize_prompt(prompt, add_special_tokens,
                                                check_size=truncate_prompt_tokens is None)
+        mm_features = None
+        if isinstance(prompt, Mapping) and prompt.get("multi_modal_data"):
+            if truncate_prompt_tokens is not None:
+                raise ParamValidationError("truncate_prompt_tokens cannot cut a prompt with images.",
+                                           parameter="truncate_prompt_tokens", value=truncate_prompt_tokens)
+            token_ids, mm_features = self.mm_processor().process(token_ids, prompt["multi_modal_data"],
+                                                                 prompt.get("mm_processor_kwargs"))
         if truncate_prompt_tokens is not None:
             keep = self.model_config.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
             side = truncation_side or getattr(self.tokenizer, "truncation_side", None) or "left"
@@ -150,7 +176,7 @@ class Processor:
             elif len(token_ids) > keep:
                 token_ids = token_ids[-keep:] if side == "left" else token_ids[:keep]
         self.validate_prompt(token_ids, leave_room=leave_room)
-        return ProcessedPrompt(text, token_ids)
+        return ProcessedPrompt(text, token_ids, mm_features)
 
     def process_request(
         self,
@@ -179,7 +205,8 @@ class Processor:
             EngineRequestSpec(EngineCoreRequest(request_id=engine_id, prompt_token_ids=prompt.token_ids,
                                                 sampling_params=sp, eos_token_id=sp.eos_token_id,
                                                 arrival_time=arrival_time, priority=priority,
-                                                bad_words_token_ids=sp.bad_words_token_ids), parent, index)
+                                                bad_words_token_ids=sp.bad_words_token_ids,
+                                                mm_features=prompt.mm_features), parent, index)
             for engine_id, sp, parent, index in children
         ]
         return ProcessedRequest(request_id, prompt, arrival_time, specs)

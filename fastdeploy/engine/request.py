@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from fastdeploy.multimodal.inputs import MultiModalFeatureSpec
 from fastdeploy.sampling_params import SamplingParams
 from fastdeploy.spec_decode.scheduling import SpecDecodingStats
 
@@ -41,6 +42,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     priority: int = 0
     # Bad-word sequences, already tokenized by the front end.
     bad_words_token_ids: list[list[int]] | None = None
+    # Images of the prompt, processed by the front end (placeholders already expanded).
+    mm_features: list[MultiModalFeatureSpec] | None = None
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -144,6 +147,7 @@ class Request:
         self.arrival_time = core_req.arrival_time or time.time()
         self.priority = core_req.priority
         self.bad_words_token_ids = core_req.bad_words_token_ids
+        self.mm_features = core_req.mm_features
         self.prompt_token_ids = list(core_req.prompt_token_ids)
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.all_token_ids: list[int] = list(self.prompt_token_ids)

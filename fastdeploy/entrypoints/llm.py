@@ -68,6 +68,8 @@ class LLM:
         )
         self.llm_engine = LLMEngine.from_engine_args(args)
         self.request_counter = itertools.count()
+        # Loads the images of LLM.chat's image_url parts, built on first use.
+        self._media_connector = None
 
     # ---- accessors --------------------------------------------------------------------
     def get_tokenizer(self):
@@ -116,6 +118,8 @@ class LLM:
         tokenizer = self.get_tokenizer()
         prompts: list[PromptType] = []
         for conversation in conversations:
+            images: list = []
+            conversation = self._with_image_parts(conversation, images)
             text = tokenizer.apply_chat_template(
                 list(conversation),
                 chat_template=chat_template,
@@ -126,8 +130,30 @@ class LLM:
                 **(chat_template_kwargs or {}),
             )
             # The template already holds any BOS: do not add special tokens again.
-            prompts.append(TokensPrompt(prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False)))
+            prompt = TokensPrompt(prompt=text, prompt_token_ids=tokenizer.encode(text, add_special_tokens=False))
+            if images:
+                prompt["multi_modal_data"] = {"image": images}
+            prompts.append(prompt)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _with_image_parts(self, conversation: Sequence[ChatMessage], images: list) -> list[ChatMessage]:
+        """The conversation with its image content parts loaded into ``images`` and turned into
+        ``{"type": "image"}`` parts for the chat template (fastdeploy.multimodal.chat)."""
+        from fastdeploy.multimodal.chat import IMAGE_PART_TYPES, template_content
+
+        out = []
+        for message in conversation:
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, list) and any(isinstance(p, Mapping) and p.get("type") in IMAGE_PART_TYPES
+                                                 for p in content):
+                if self._media_connector is None:
+                    from fastdeploy.multimodal.media import MediaConnector
+
+                    mc = self.llm_engine.processor.model_config
+                    self._media_connector = MediaConnector(mc.allowed_local_media_path, mc.allowed_media_domains)
+                message = {**message, "content": template_content(content, self._media_connector, images)}
+            out.append(message)
+        return out
 
     def beam_search(
         self,

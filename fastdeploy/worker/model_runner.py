@@ -78,6 +78,8 @@ class ModelRunner:
         self._seed = mc.seed
         # Speculative decoding: the proposer, and the drafts the scheduler sends back verified.
         self.drafter = Drafter(fd_config) if fd_config.speculative_config is not None else None
+        # Multimodal models: M-RoPE positions and the encoder cache (fastdeploy.multimodal.runner).
+        self.mm_state = None
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -87,6 +89,10 @@ class ModelRunner:
         self.model.eval()
         if self.drafter is not None:
             self.drafter.load_model(self.model)
+        if getattr(self.model, "supports_multimodal", False):
+            from fastdeploy.multimodal.runner import MultiModalRunnerState
+
+            self.mm_state = MultiModalRunnerState(self.model)
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -127,6 +133,8 @@ class ModelRunner:
                 self.drafter.finish_request(req_id, batch)
             self.requests.pop(req_id, None)
             batch.remove_request(req_id)
+            if self.mm_state is not None:
+                self.mm_state.remove_request(req_id)
         for req_id in so.preempted_req_ids:
             batch.remove_request(req_id)
         for new in so.scheduled_new_reqs:
@@ -139,6 +147,8 @@ class ModelRunner:
                     new.req_id, sp, new.num_prompt_tokens, new.eos_token_id, gen, new.bad_words_token_ids
                 )
                 self.requests[new.req_id] = state
+            if self.mm_state is not None:
+                self.mm_state.add_request(new.req_id, new.token_ids, new.num_prompt_tokens, new.mm_features)
             # Outputs generated before a preemption come back in token_ids; the row rebuilds its
             # penalty counts from them.
             batch.add_request(
@@ -189,7 +199,9 @@ class ModelRunner:
         meta, positions = build_attention_metadata(block_tables, n, seq_lens, bs)
         input_ids = batch.token_ids[np.repeat(rows, n), positions]
 
-        hidden = self.model(paddle.to_tensor(input_ids), paddle.to_tensor(positions), self.kv_caches, meta)
+        mm_kwargs = self.mm_state.step_inputs(req_ids, computed, n) if self.mm_state is not None else {}
+        hidden = self.model(paddle.to_tensor(input_ids), paddle.to_tensor(positions), self.kv_caches, meta,
+                            **mm_kwargs)
         if self.drafter is not None:
             self.drafter.observe(input_ids, positions, meta, hidden, np.repeat(rows, n), req_ids, starts, computed)
 

@@ -112,7 +112,8 @@ class KVCacheManager:
     def _cached_run(self, request: Request, k: int | None) -> tuple[list[KVCacheBlock], KVCacheBlock | None]:
         """The request's leading full blocks in the cache (with its prompt logprobs when ``k`` is set),
         and the cached block that ended the run for lacking them (None: the run ended otherwise)."""
-        update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
+                            getattr(request, "mm_features", None))
         hits: list[KVCacheBlock] = []
         # The last token is never taken from the cache: its logits are needed.
         for i, block_hash in enumerate(request.block_hashes[: (request.num_tokens - 1) // self.block_size]):
@@ -203,7 +204,8 @@ class KVCacheManager:
         start = self.num_cached_block.get(request.request_id, 0)
         if num_full <= start:
             return
-        update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+        update_block_hashes(request.block_hashes, request.all_token_ids, self.block_size,
+                            getattr(request, "mm_features", None))
         k = self.needs_prompt_logprobs(request)
         # Prompt positions whose rows this request computes (the last prompt token predicts nothing).
         owes = k is not None and k <= MAX_CACHED_PROMPT_LOGPROBS

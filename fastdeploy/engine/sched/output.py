@@ -21,6 +21,8 @@ class NewRequestData:
     num_computed_tokens: int
     bad_words_token_ids: list[list[int]] | None = None
     eos_token_id: int | None = None
+    # Images of the prompt (fastdeploy.multimodal.inputs.MultiModalFeatureSpec).
+    mm_features: list | None = None
 
 
 @dataclass

@@ -238,6 +238,7 @@ class Scheduler:
                     num_computed_tokens=num_computed,
                     bad_words_token_ids=request.bad_words_token_ids,
                     eos_token_id=request.eos_token_id,
+                    mm_features=request.mm_features,
                 )
             )
 

@@ -80,13 +80,22 @@ def arguments_as_objects(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "tool_calls": converted}
 
 
-def conversation_for_template(messages: Sequence[ChatCompletionMessageParam]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them: text content as one string (parts joined by newlines)."""
+def conversation_for_template(messages: Sequence[ChatCompletionMessageParam], connector: Any = None,
+                              images: list | None = None) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them: text content as one string (parts joined by newlines).
+
+    ``images`` (a list, for a multimodal model): image parts are loaded with ``connector`` and
+    appended to it, and such a message keeps its parts for the template (fastdeploy.multimodal.chat).
+    """
     conversation = []
     for message in messages:
         entry = message.model_dump()
         content = entry.get("content")
-        if isinstance(content, list):
+        if isinstance(content, list) and images is not None:
+            from fastdeploy.multimodal.chat import template_content
+
+            entry["content"] = template_content(content, connector, images)
+        elif isinstance(content, list):
             texts = []
             for part in content:
                 part_type = part.get("type")
@@ -102,8 +111,10 @@ def conversation_for_template(messages: Sequence[ChatCompletionMessageParam]) ->
 
 def render_chat(tokenizer, messages: Sequence[ChatCompletionMessageParam], *, chat_template: str | None,
                 add_generation_prompt: bool, continue_final_message: bool, tools: list[dict] | None = None,
-                documents: list[dict] | None = None, chat_template_kwargs: dict[str, Any] | None = None) -> str:
-    """The prompt text of a conversation (also used by /tokenize)."""
+                documents: list[dict] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                connector: Any = None, images: list | None = None) -> str:
+    """The prompt text of a conversation (also used by /tokenize); ``images`` collects the image parts
+    (see :func:`conversation_for_template`)."""
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("As of transformers v4.44, default chat template is no longer allowed, so you must provide "
                          "a chat template if the tokenizer does not define one.")
@@ -112,7 +123,7 @@ def render_chat(tokenizer, messages: Sequence[ChatCompletionMessageParam], *, ch
         kwargs["documents"] = documents
     # The template indexes and iterates whatever the client sent: its failures are the request's.
     with user_data_guard("messages for the chat template", "messages"):
-        conversation = conversation_for_template(messages)
+        conversation = conversation_for_template(messages, connector, images)
         return tokenizer.apply_chat_template(
             conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, tools=tools, tokenize=False, **kwargs,
@@ -129,6 +140,13 @@ class OpenAIServingChat(OpenAIServing):
         self.response_role = response_role
         self.chat_template = chat_template
         self.parser_config = parser_config or ChatParserConfig()
+        # Image parts are kept for a multimodal model only; a text model refuses them by name.
+        self.media_connector = None
+        if engine.processor.is_multimodal:
+            from fastdeploy.multimodal.media import MediaConnector
+
+            mc = engine.processor.model_config
+            self.media_connector = MediaConnector(mc.allowed_local_media_path, mc.allowed_media_domains)
 
     async def create_chat_completion(self, request: ChatCompletionRequest, raw_request: Request | None = None,
                                      ) -> AsyncGenerator[str, None] | ChatCompletionResponse | ErrorResponse:
@@ -165,12 +183,15 @@ class OpenAIServingChat(OpenAIServing):
         """
         parser = ChatOutputParser(self.parser_config, request, self.tokenizer)
         request = parser.adjust_request()
+        images = [] if self.media_connector is not None else None
         prompt_text = render_chat(
             self.tokenizer, request.messages, chat_template=request.chat_template or self.chat_template,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message, tools=request.tools,
-            documents=request.documents, chat_template_kwargs=request.chat_template_kwargs)
-        prompt = self.process_prompt(prompt_text, request.truncate_prompt_tokens, request.add_special_tokens,
+            documents=request.documents, chat_template_kwargs=request.chat_template_kwargs,
+            connector=self.media_connector, images=images)
+        source = {"prompt": prompt_text, "multi_modal_data": {"image": images}} if images else prompt_text
+        prompt = self.process_prompt(source, request.truncate_prompt_tokens, request.add_special_tokens,
                                      request.truncation_side)
         max_tokens = self.max_tokens(request.max_completion_tokens or request.max_tokens, len(prompt.token_ids))
         with user_data_guard("tools or structured outputs", "tools" if request.tools else None):

@@ -188,12 +188,12 @@ class OpenAIServing:
         with user_data_guard(what):
             return await asyncio.get_running_loop().run_in_executor(_PREPARATION_EXECUTOR, step, *args)
 
-    def process_prompt(self, prompt: str | list[int], truncate_prompt_tokens: int | None,
+    def process_prompt(self, prompt: str | list[int] | dict, truncate_prompt_tokens: int | None,
                        add_special_tokens: bool = True, truncation_side: str | None = None) -> ProcessedPrompt:
         """Tokenize, truncate (on ``truncation_side``) and check a prompt once, through the engine's intake
         (the same checks ``LLM`` gets); it must leave room for one generated token. The engine does not
         check it again."""
-        source = prompt if isinstance(prompt, str) else {"prompt_token_ids": list(prompt)}
+        source = prompt if isinstance(prompt, (str, dict)) else {"prompt_token_ids": list(prompt)}
         return self.engine.processor.process_prompt(source, truncate_prompt_tokens=truncate_prompt_tokens,
                                                     truncation_side=truncation_side,
                                                     add_special_tokens=add_special_tokens, leave_room=True)

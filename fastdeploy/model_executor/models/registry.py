@@ -35,6 +35,16 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Ernie4_5_MoeForCausalLM": ("ernie4_5_moe", "Ernie4_5_MoeForCausalLM"),
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "PaddleOCRVLForConditionalGeneration": ("paddleocr_vl", "PaddleOCRVLForConditionalGeneration"),
+}
+
+
+# Architectures refused by name until what they build on exists.
+_NOT_BUILT: dict[str, str] = {
+    "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE-4.5-VL is a mixture-of-experts vision-language model; "
+    "its vision tower and modality-split experts are not built in FastDeploy yet, so it is not supported "
+    "(Qwen2.5-VL and PaddleOCR-VL are).",
 }
 
 
@@ -97,6 +107,9 @@ class ModelRegistry:
         if model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {list(MODEL_IMPLS)}, got {model_impl!r}.")
         archs = [architectures] if isinstance(architectures, str) else list(architectures or [])
+        refused = next((a for a in archs if a in _NOT_BUILT and a not in cls._models), None)
+        if refused is not None:
+            raise NotImplementedError(f"Model architecture {refused}: {_NOT_BUILT[refused]}")
         if model_impl == "paddleformers":
             from fastdeploy.model_executor.models.paddleformers.model import pick_architecture
 
