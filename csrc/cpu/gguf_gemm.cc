@@ -313,13 +313,15 @@ void unpack_column(const uint8_t* packed, int64_t col, int64_t k, float* out) {
 
 // ------------------------------------------------------------------- the activations
 
-// The activations as the kernel sees them: per row, k int8 values, k / 32 scales and
-// k / 16 half-block sums (dx * sum of the half's int8 values; rows of half_stride, a multiple
-// of 8 padded with zeros).
+// The activations as the kernel sees them: per row, k int8 values, k / 32 scales, k / 16
+// half-block sums (dx * sum of the half's int8 values; rows of half_stride, a multiple of 8
+// padded with zeros) and k / 32 block sums (the two halves' added, for formats with one scale
+// per block; rows of k / 32).
 struct QuantizedActs {
   const int8_t* q;
   const float* d;
   const float* half_sums;
+  const float* block_sums;
   int64_t half_stride;
 };
 
@@ -327,7 +329,7 @@ inline int64_t half_stride(int64_t k) { return (k / 16 + 7) / 8 * 8; }
 
 // One row: dx = max|x| / 127, q = nearbyint(x / dx) (the same float operations as the tests'
 // reference), exact in any vectorization.
-void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_sums) {
+void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_sums, float* block_sums) {
   for (int64_t s = 0; s < k / 32; ++s) {
     const float* xb = x + s * 32;
     float amax = 0.0f;
@@ -343,6 +345,7 @@ void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_su
     d[s] = dx;
     half_sums[2 * s] = dx * static_cast<float>(sums[0]);
     half_sums[2 * s + 1] = dx * static_cast<float>(sums[1]);
+    block_sums[s] = half_sums[2 * s] + half_sums[2 * s + 1];
   }
 }
 
@@ -526,13 +529,19 @@ struct Ops {
     }
     return t;
   }
+  // acc += dot of w's bytes with x's 4-byte group g broadcast as a memory operand ({1to16}) of
+  // vpdpbusd itself: GCC emits a separate vpbroadcastd for _mm512_set1_epi32, one more vector
+  // instruction per dot instruction on the ports the dot products need.
+  static void dpbusd_bcast(__m512i& acc, __m512i w, const int8_t* x, int g) {
+    asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]"
+        : [acc] "+v"(acc)
+        : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x + 4 * g)));
+  }
   template <bool kSigned>
   static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
-    int32_t v[8];
-    std::memcpy(v, x, sizeof(v));
     lo = hi = _mm512_setzero_si512();
-    for (int g = 0; g < 4; ++g) lo = _mm512_dpbusd_epi32(lo, t.g[g], _mm512_set1_epi32(v[g]));
-    for (int g = 4; g < 8; ++g) hi = _mm512_dpbusd_epi32(hi, t.g[g], _mm512_set1_epi32(v[g]));
+    for (int g = 0; g < 4; ++g) dpbusd_bcast(lo, t.g[g], x, g);
+    for (int g = 4; g < 8; ++g) dpbusd_bcast(hi, t.g[g], x, g);
   }
   static F zero() { return _mm512_setzero_ps(); }
   static F splat(float s) { return _mm512_set1_ps(s); }
@@ -549,7 +558,7 @@ struct Ops {
 #include "gguf_gemm_impl.h"
 
 // quantize_row in 512-bit registers: the same float operations, so the same values.
-void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_sums) {
+void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_sums, float* block_sums) {
   for (int64_t s = 0; s < k / 32; ++s) {
     const __m512 a = _mm512_loadu_ps(x + s * 32), b = _mm512_loadu_ps(x + s * 32 + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
@@ -563,6 +572,7 @@ void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_su
     d[s] = dx;
     half_sums[2 * s] = dx * static_cast<float>(_mm512_reduce_add_epi32(qa));
     half_sums[2 * s + 1] = dx * static_cast<float>(_mm512_reduce_add_epi32(qb));
+    block_sums[s] = half_sums[2 * s] + half_sums[2 * s + 1];
   }
 }
 
@@ -620,22 +630,21 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
   PD_CHECK(isa_supported(isa), "fd_gguf_linear: this CPU cannot run kernel path " + std::to_string(isa) + ".");
   const int64_t subs = k / 32, stride = half_stride(k);
   thread_local std::vector<int8_t> q_buf;
-  thread_local std::vector<float> d_buf, sums_buf;
+  thread_local std::vector<float> d_buf, sums_buf, block_buf;
   q_buf.resize(m * k);
   d_buf.resize(m * subs);
   sums_buf.assign(m * stride, 0.0f);
+  block_buf.resize(m * subs);
   int8_t* q = q_buf.data();
   float* d = d_buf.data();
   float* sums = sums_buf.data();
+  float* blocks = block_buf.data();
 #pragma omp parallel for schedule(static) if (m >= 16)
   for (int64_t r = 0; r < m; ++r) {
-    if (isa == kGgufAvx512Vnni) {
-      gguf_vnni::quantize_row(x + r * k, k, q + r * k, d + r * subs, sums + r * stride);
-    } else {
-      quantize_row(x + r * k, k, q + r * k, d + r * subs, sums + r * stride);
-    }
+    auto* quantize = isa == kGgufAvx512Vnni ? gguf_vnni::quantize_row : quantize_row;
+    quantize(x + r * k, k, q + r * k, d + r * subs, sums + r * stride, blocks + r * subs);
   }
-  const QuantizedActs acts{q, d, sums, stride};
+  const QuantizedActs acts{q, d, sums, blocks, stride};
 
   // Each thread takes a contiguous range of every segment's tiles: the weights are read once in
   // all, and which thread computes a column changes nothing in it.

@@ -76,12 +76,12 @@ void tile(const QuantizedActs& a, int64_t k, const uint8_t* tw, int h, int64_t r
         acc[r] = Ops::fma(Ops::add_i(lo, hi), Ops::mul(dx, d0v), acc[r]);
       }
       if constexpr (kTerm) {
-        const float* hs = a.half_sums + row * stride + 2 * s;
         if constexpr (B::kSplitScale) {
+          const float* hs = a.half_sums + row * stride + 2 * s;
           acc_t[r] = Ops::fmaf(Ops::splat(hs[0]), cf0v, acc_t[r]);
           acc_t[r] = Ops::fmaf(Ops::splat(hs[1]), cf1v, acc_t[r]);
         } else {
-          acc_t[r] = Ops::fmaf(Ops::splat(hs[0] + hs[1]), cf0v, acc_t[r]);
+          acc_t[r] = Ops::fmaf(Ops::splat(a.block_sums[row * subs + s]), cf0v, acc_t[r]);
         }
       }
     }
