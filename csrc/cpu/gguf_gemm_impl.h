@@ -14,8 +14,9 @@
 //   load_tile<nibble, signed>(q, h)  the groups of half h of the packed quants q
 //   dot<signed>(t, x, lo, hi)  lane c: sum of u_c[i] * x[i] over i < 16 (lo) and 16 <= i < 32 (hi),
 //                         u unsigned (< 64) or signed bytes; signed ones plus kSignedBias * sum(x)
+//   dot_all<signed>(t, x)  lo + hi in one chain (formats with one scale per sub-block)
 //   loadh(p) fp16 -> fp32 lanes, loadf(p), storef(v, p), zero(), splat(s), add(a, b), mul(a, b),
-//   add_i(a, b), fma(l, s, acc) = acc + float(l) * s, fmaf(a, b, acc) = acc + a * b
+//   fma(l, s, acc) = acc + float(l) * s, fmaf(a, b, acc) = acc + a * b
 
 // The integer offset subtracted from every element value (signed formats: the dot's bias).
 template <class B>
@@ -66,14 +67,15 @@ void tile(const QuantizedActs& a, int64_t k, const uint8_t* tw, int h, int64_t r
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const int64_t row = r0 + r;
-      typename Ops::I lo, hi;
-      Ops::template dot<B::kSigned>(t, a.q + row * k + s * 32, lo, hi);
+      const int8_t* x = a.q + row * k + s * 32;
       const typename Ops::F dx = Ops::splat(a.d[row * subs + s]);
       if constexpr (B::kSplitScale) {
+        typename Ops::I lo, hi;
+        Ops::template dot<B::kSigned>(t, x, lo, hi);
         acc[r] = Ops::fma(lo, Ops::mul(dx, d0v), acc[r]);
         acc[r] = Ops::fma(hi, Ops::mul(dx, d1v), acc[r]);
       } else {
-        acc[r] = Ops::fma(Ops::add_i(lo, hi), Ops::mul(dx, d0v), acc[r]);
+        acc[r] = Ops::fma(Ops::template dot_all<B::kSigned>(t, x), Ops::mul(dx, d0v), acc[r]);
       }
       if constexpr (kTerm) {
         if constexpr (B::kSplitScale) {
