@@ -502,6 +502,7 @@ struct Ops {
   static void storef(F v, float* p) { _mm256_storeu_ps(p, v); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
   static F fma(I l, F s, F acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), s, acc); }
   static F fmaf(F a, F b, F acc) { return _mm256_fmadd_ps(a, b, acc); }
 };
@@ -568,6 +569,7 @@ struct Ops {
   static void storef(F v, float* p) { _mm512_storeu_ps(p, v); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
   static F fma(I l, F s, F acc) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), s, acc); }
   static F fmaf(F a, F b, F acc) { return _mm512_fmadd_ps(a, b, acc); }
 };

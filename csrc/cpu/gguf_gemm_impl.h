@@ -16,7 +16,7 @@
 //                         u unsigned (< 64) or signed bytes; signed ones plus kSignedBias * sum(x)
 //   dot_all<signed>(t, x)  lo + hi in one chain (formats with one scale per sub-block)
 //   loadh(p) fp16 -> fp32 lanes, loadf(p), storef(v, p), zero(), splat(s), add(a, b), mul(a, b),
-//   fma(l, s, acc) = acc + float(l) * s, fmaf(a, b, acc) = acc + a * b
+//   add_i(a, b), fma(l, s, acc) = acc + float(l) * s, fmaf(a, b, acc) = acc + a * b
 
 // The integer offset subtracted from every element value (signed formats: the dot's bias).
 template <class B>
@@ -69,12 +69,17 @@ void tile(const QuantizedActs& a, int64_t k, const uint8_t* tw, int h, int64_t r
       const int64_t row = r0 + r;
       const int8_t* x = a.q + row * k + s * 32;
       const typename Ops::F dx = Ops::splat(a.d[row * subs + s]);
-      if constexpr (B::kSplitScale) {
+      if constexpr (B::kSplitScale || R > 2) {
+        // Two chains of dot instructions: with many rows in flight one chain of 8 is latency-bound.
         typename Ops::I lo, hi;
         Ops::template dot<B::kSigned>(t, x, lo, hi);
-        acc[r] = Ops::fma(lo, Ops::mul(dx, d0v), acc[r]);
-        acc[r] = Ops::fma(hi, Ops::mul(dx, d1v), acc[r]);
-      } else {
+        if constexpr (B::kSplitScale) {
+          acc[r] = Ops::fma(lo, Ops::mul(dx, d0v), acc[r]);
+          acc[r] = Ops::fma(hi, Ops::mul(dx, d1v), acc[r]);
+        } else {
+          acc[r] = Ops::fma(Ops::add_i(lo, hi), Ops::mul(dx, d0v), acc[r]);
+        }
+      } else {  // the same integer sum in one chain, one instruction fewer (decode's few rows)
         acc[r] = Ops::fma(Ops::template dot_all<B::kSigned>(t, x), Ops::mul(dx, d0v), acc[r]);
       }
       if constexpr (kTerm) {
