@@ -199,7 +199,7 @@ def measure_formats(prefill_len: int) -> dict:
 
         def gguf(k: int, n: int, m: int, t: int = ggml_type, block: int = block) -> float:
             k = -(-k // block) * block  # K-quants need K in whole 256-superblocks (576 -> 768)
-            w = paddle.to_tensor(random_blocks(t, n, k, rng).reshape(-1))
+            w = ops.gguf_pack(paddle.to_tensor(random_blocks(t, n, k, rng).reshape(-1)), [t, n], k)
             return _median_ms(lambda: ops.gguf_linear(x_of(m, k), w, None, [t, n], isa), 20 if m == 1 else 3)
 
         rows[f"gguf-{type_name}"] = step_ms(gguf)

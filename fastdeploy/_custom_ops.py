@@ -128,15 +128,21 @@ def decoder_layer(hidden: paddle.Tensor, residual: paddle.Tensor, *args: object)
 
 def gguf_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None, segments: list[int],
                 isa: int) -> paddle.Tensor:
-    """``x [..., K] @ W^T (+ bias)`` -> ``[..., N]`` fp32 straight from GGUF blocks (csrc/cpu/gguf_gemm.cc).
+    """``x [..., K] @ W^T (+ bias)`` -> ``[..., N]`` fp32 from GGUF blocks (csrc/cpu/gguf_gemm.cc).
 
-    ``weight`` holds the uint8 blocks of consecutive row segments, ``segments`` their
-    ``(ggml type, rows)`` pairs in output order; ``isa`` the kernel path (0 scalar, 1 AVX2,
-    2 AVX512-VNNI), chosen by the platform.
+    ``weight`` holds the blocks of consecutive row segments packed by :func:`gguf_pack`,
+    ``segments`` their ``(ggml type, rows)`` pairs in output order; ``isa`` the kernel path
+    (0 scalar, 1 AVX2, 2 AVX512-VNNI), chosen by the platform.
     """
     return _run("fd_gguf_linear", x, weight, bias, segments, isa)[0]
 
 
-def gguf_embedding(ids: paddle.Tensor, weight: paddle.Tensor, ggml_type: int, dim: int) -> paddle.Tensor:
-    """Rows ``ids`` of a GGUF table (uint8 blocks of ``ggml_type``, rows of ``dim`` elements) as fp32."""
-    return _run("fd_gguf_embedding", ids, weight, ggml_type, dim)[0]
+def gguf_pack(weight: paddle.Tensor, segments: list[int], k: int) -> paddle.Tensor:
+    """The uint8 GGUF blocks of ``segments`` (rows of ``k`` elements) in the block kernels' packed layout (uint8)."""
+    return _run("fd_gguf_pack", weight, segments, k)[0]
+
+
+def gguf_embedding(ids: paddle.Tensor, weight: paddle.Tensor, ggml_type: int, rows: int, dim: int) -> paddle.Tensor:
+    """Rows ``ids`` of a GGUF table (``rows`` rows of ``dim`` elements of ``ggml_type``, packed by
+    :func:`gguf_pack`) as fp32."""
+    return _run("fd_gguf_embedding", ids, weight, ggml_type, rows, dim)[0]

@@ -17,7 +17,7 @@
 // makes the first add exact), so a layer allocates nothing.
 //
 // The four matmul weights are packed for the linear kernel (dtype "bfloat16" / "float32"), or
-// GGUF blocks (dtype "gguf": each weight's (type, rows) segments, the block kernels' path).
+// GGUF blocks packed by fd_gguf_pack (dtype "gguf": each weight's (type, rows) segments, the block kernels' path).
 #include <vector>
 
 #include "cpu_utils.h"
@@ -44,10 +44,10 @@ struct Matmul {
     if (dtype != "gguf") return fastdeploy_cpu::linear_packed_size_ok(weight.numel(), k, n, dtype == "bfloat16");
     int64_t rows = 0, bytes = 0;
     for (size_t s = 0; s + 1 < segments.size(); s += 2) {
-      const int64_t row_bytes = fastdeploy_cpu::gguf_row_bytes(static_cast<int>(segments[s]), k);
-      if (row_bytes <= 0) return false;
+      const int64_t packed = fastdeploy_cpu::gguf_packed_bytes(static_cast<int>(segments[s]), segments[s + 1], k);
+      if (packed <= 0) return false;
       rows += segments[s + 1];
-      bytes += segments[s + 1] * row_bytes;
+      bytes += packed;
     }
     return !segments.empty() && segments.size() % 2 == 0 && rows == n && bytes == weight.numel();
   }

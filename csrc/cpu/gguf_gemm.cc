@@ -1,5 +1,5 @@
-// GGUF weights multiplied straight from their blocks (llama.cpp's block formats), and the
-// embedding rows looked up from them.
+// GGUF weights multiplied from their blocks (llama.cpp's block formats), and the embedding rows
+// looked up from them.
 //
 // A GGUF matrix [N, K] is N rows of K / block_elems blocks of one ggml type, each row the weights
 // of one output column. The activations are quantized per 32 elements to int8 with an fp32
@@ -14,10 +14,26 @@
 // w + 128 (offset 128); on AVX2 they multiply through the sign trick instead (|w| times x
 // with w's sign), because `vpmaddubsw` would saturate on w + 128.
 //
-// Three paths over one kernel template (gguf_gemm_impl.h): "avx512-vnni", "avx2" and
-// "scalar". Each is compiled for its own instructions (`#pragma GCC target`) whatever CPU
-// builds the library; the platform picks one at start-up (fastdeploy/platforms/cpu.py) and
-// the op refuses a path the CPU cannot run.
+// The blocks are repacked once at load (fd_gguf_pack) into the layout the kernel streams:
+// tiles of 16 columns, and per tile and 32-element sub-block (in the order of K)
+//
+//     quants   8 groups x 16 columns x 4 bytes: group g holds elements 4g..4g+3 of each column,
+//              so one load is a register of 16 (or, per half, 8) columns' dot-product operands.
+//              4-bit formats keep two groups per byte (g in the low nibble, g + 4 in the high):
+//              256 bytes; the others one element per byte: 512 bytes.
+//     scales   16 columns' d0, then d1 (formats with a scale per 16 elements), then m (formats
+//              with a min): fp16 as in the block for the 32-element formats, fp32 (d * the 6-bit
+//              sub-block scale, as the block's dequantization computes it) for the K-quants.
+//
+// Columns past a segment's last pad its last tile with zeros. The 4-bit and 8-bit 32-element
+// formats pack into exactly their block bytes; 5-bit ones and the K-quants into more.
+// Nothing is unpacked or transposed per call, which is what bounded the kernel before.
+//
+// Three paths over one kernel template (gguf_gemm_impl.h): "avx512-vnni" (512-bit, a whole
+// tile per register), "avx2" and "scalar" (8 columns, half a tile). Each is compiled for its own
+// instructions (`#pragma GCC target`) whatever CPU builds the library; the platform picks one
+// at start-up (fastdeploy/platforms/cpu.py) and the op refuses a path the CPU cannot run. The
+// layout is the same for every path.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -46,6 +62,20 @@ inline uint32_t load_u32(const uint8_t* p) {
   return v;
 }
 
+// Portable fp16 -> fp32 (the scalar path and the block decoding; the SIMD paths use F16C).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal, exact
+    return sign ? -v : v;
+  }
+  const uint32_t bits = sign | (exp == 31 ? 0x7f800000u | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
 // The 6-bit scale and min of sub-block j of a Q4_K / Q5_K block, packed in 12 bytes: bytes
 // 0-3 hold the scales of 0-3 (and the top bits of 4-7), 4-7 the mins, 8-11 the low bits of 4-7.
 struct KScaleMin {
@@ -59,61 +89,239 @@ inline KScaleMin k_scale_min(const uint8_t* s, int j) {
 
 // The block types: ggml type id, elements and bytes per block, 32-element sub-blocks per block,
 // the offset subtracted from element values, whether the format has a min, whether its
-// elements are signed bytes, and whether a sub-block has two scales (one per 16 elements).
+// elements are signed bytes, whether a sub-block has two scales (one per 16 elements), whether
+// its elements fit a nibble, and whether its scales are the block's fp16 fields.
 struct BlockQ8_0 {
   static constexpr int kType = 8, kElems = 32, kBytes = 34, kSubs = 1, kOffset = 0;
-  static constexpr bool kHasMin = false, kSigned = true, kSplitScale = false;
+  static constexpr bool kHasMin = false, kSigned = true, kSplitScale = false, kNibble = false, kHalfScales = true;
 };
 struct BlockQ4_0 {
   static constexpr int kType = 2, kElems = 32, kBytes = 18, kSubs = 1, kOffset = 8;
-  static constexpr bool kHasMin = false, kSigned = false, kSplitScale = false;
+  static constexpr bool kHasMin = false, kSigned = false, kSplitScale = false, kNibble = true, kHalfScales = true;
 };
 struct BlockQ4_1 {
   static constexpr int kType = 3, kElems = 32, kBytes = 20, kSubs = 1, kOffset = 0;
-  static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false;
+  static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false, kNibble = true, kHalfScales = true;
 };
 struct BlockQ5_0 {
   static constexpr int kType = 6, kElems = 32, kBytes = 22, kSubs = 1, kOffset = 16;
-  static constexpr bool kHasMin = false, kSigned = false, kSplitScale = false;
+  static constexpr bool kHasMin = false, kSigned = false, kSplitScale = false, kNibble = false, kHalfScales = true;
 };
 struct BlockQ5_1 {
   static constexpr int kType = 7, kElems = 32, kBytes = 24, kSubs = 1, kOffset = 0;
-  static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false;
+  static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false, kNibble = false, kHalfScales = true;
 };
 struct BlockQ4_K {
   static constexpr int kType = 12, kElems = 256, kBytes = 144, kSubs = 8, kOffset = 0;
-  static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false;
+  static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false, kNibble = true, kHalfScales = false;
 };
 struct BlockQ5_K {
   static constexpr int kType = 13, kElems = 256, kBytes = 176, kSubs = 8, kOffset = 0;
-  static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false;
+  static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false, kNibble = false, kHalfScales = false;
 };
 struct BlockQ6_K {
   static constexpr int kType = 14, kElems = 256, kBytes = 210, kSubs = 8, kOffset = 32;
-  static constexpr bool kHasMin = false, kSigned = false, kSplitScale = true;
+  static constexpr bool kHasMin = false, kSigned = false, kSplitScale = true, kNibble = false, kHalfScales = false;
 };
 
-// (elements, bytes) per block of a ggml type, {0, 0} for a type without a kernel.
-struct BlockShape {
-  int elems, bytes;
-};
-template <class... B>
-constexpr BlockShape shape_of(int type) {
-  BlockShape found{0, 0};
-  ((type == B::kType ? (found = {B::kElems, B::kBytes}, 0) : 0), ...);
-  return found;
-}
-constexpr BlockShape block_shape(int type) {
-  return shape_of<BlockQ8_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ4_K, BlockQ5_K, BlockQ6_K>(type);
+// Calls f(B{}) with the block type of ggml type `type`; false for a type without a kernel.
+template <class F>
+bool with_block(int type, F&& f) {
+  switch (type) {
+    case BlockQ8_0::kType: f(BlockQ8_0{}); return true;
+    case BlockQ4_0::kType: f(BlockQ4_0{}); return true;
+    case BlockQ4_1::kType: f(BlockQ4_1{}); return true;
+    case BlockQ5_0::kType: f(BlockQ5_0{}); return true;
+    case BlockQ5_1::kType: f(BlockQ5_1{}); return true;
+    case BlockQ4_K::kType: f(BlockQ4_K{}); return true;
+    case BlockQ5_K::kType: f(BlockQ5_K{}); return true;
+    case BlockQ6_K::kType: f(BlockQ6_K{}); return true;
+    default: return false;
+  }
 }
 
-// The activations as the kernel sees them: per row, k int8 values, k / 32 scales and
-// k / 16 half-block sums (dx * sum of the half's int8 values; rows of half_stride, a multiple
-// of 8 padded with zeros).
+// ------------------------------------------------------------------ the packed layout
+
+constexpr int kTileCols = 16;
+
+template <class B>
+constexpr int packed_quant_bytes() {
+  return B::kNibble ? 256 : 512;
+}
+template <class B>
+constexpr int packed_scale_size() {
+  return B::kHalfScales ? 2 : 4;
+}
+template <class B>
+constexpr int packed_sub_bytes() {
+  return packed_quant_bytes<B>() + (1 + B::kSplitScale + B::kHasMin) * kTileCols * packed_scale_size<B>();
+}
+template <class B>
+int64_t packed_bytes(int64_t rows, int64_t k) {
+  return (rows + kTileCols - 1) / kTileCols * (k / 32) * packed_sub_bytes<B>();
+}
+
+// ------------------------------------------------------- decoding a block's sub-block (at load)
+
+struct Quants {
+  uint8_t b[32];
+};
+inline Quants nibbles16(const uint8_t* p) {
+  Quants v;
+  for (int i = 0; i < 16; ++i) {
+    v.b[i] = p[i] & 15;
+    v.b[i + 16] = p[i] >> 4;
+  }
+  return v;
+}
+inline Quants nibbles32(const uint8_t* p, int shift) {
+  Quants v;
+  for (int i = 0; i < 32; ++i) v.b[i] = (p[i] >> shift) & 15;
+  return v;
+}
+inline Quants or_bits(Quants v, uint32_t bits) {
+  for (int i = 0; i < 32; ++i) v.b[i] |= ((bits >> i) & 1u) << 4;
+  return v;
+}
+inline Quants or_high(Quants v, const uint8_t* p, int shift, int mask) {
+  for (int i = 0; i < 32; ++i) v.b[i] |= ((p[i] >> shift) & mask) << 4;
+  return v;
+}
+
+// Sub-block j's element values u (bytes; signed formats: int8) and its scales: the dequantized
+// element is d * (u - offset) + m, d = d0 for elements 0-15 and d1 for 16-31.
+struct SubScales {
+  float d0, d1, m;
+};
+
+inline Quants bytes(BlockQ8_0, const uint8_t* b, int) {
+  Quants v;
+  std::memcpy(v.b, b + 2, 32);
+  return v;
+}
+inline Quants bytes(BlockQ4_0, const uint8_t* b, int) { return nibbles16(b + 2); }
+inline Quants bytes(BlockQ4_1, const uint8_t* b, int) { return nibbles16(b + 4); }
+inline Quants bytes(BlockQ5_0, const uint8_t* b, int) { return or_bits(nibbles16(b + 6), load_u32(b + 2)); }
+inline Quants bytes(BlockQ5_1, const uint8_t* b, int) { return or_bits(nibbles16(b + 8), load_u32(b + 4)); }
+// Q4_K / Q5_K: sub-block j holds the low (even j) or high (odd j) nibbles of 32 bytes of qs.
+inline Quants bytes(BlockQ4_K, const uint8_t* b, int j) { return nibbles32(b + 16 + 32 * (j / 2), 4 * (j % 2)); }
+inline Quants bytes(BlockQ5_K, const uint8_t* b, int j) {
+  return or_high(nibbles32(b + 48 + 32 * (j / 2), 4 * (j % 2)), b + 16, j, 1);
+}
+// Q6_K: ql[128] qh[64] int8 scales[16] fp16 d. Sub-block j = 4h + g takes the low (g < 2) or
+// high nibbles of ql[64h + 32 (g % 2) ...] and bits 2g, 2g+1 of qh[32h ...].
+inline Quants bytes(BlockQ6_K, const uint8_t* b, int j) {
+  const int h = j / 4, g = j % 4;
+  return or_high(nibbles32(b + 64 * h + 32 * (g % 2), 4 * (g / 2)), b + 128 + 32 * h, 2 * g, 3);
+}
+
+// The 32-element formats: an fp16 d at byte 0 and (with a min) an fp16 m at byte 2.
+template <class B>
+inline SubScales scales(B, const uint8_t* b, int) {
+  static_assert(B::kHalfScales);
+  const float d = half_to_float(load_u16(b));
+  return {d, d, B::kHasMin ? half_to_float(load_u16(b + 2)) : 0.0f};
+}
+inline SubScales k_scales(const uint8_t* b, int j) {
+  const KScaleMin sm = k_scale_min(b + 4, j);
+  const float d = half_to_float(load_u16(b)) * sm.scale;
+  return {d, d, -half_to_float(load_u16(b + 2)) * sm.min};
+}
+inline SubScales scales(BlockQ4_K, const uint8_t* b, int j) { return k_scales(b, j); }
+inline SubScales scales(BlockQ5_K, const uint8_t* b, int j) { return k_scales(b, j); }
+inline SubScales scales(BlockQ6_K, const uint8_t* b, int j) {
+  const float d = half_to_float(load_u16(b + 208));
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  return {d * sc[2 * j], d * sc[2 * j + 1], 0.0f};
+}
+
+// ------------------------------------------------------------- packing and unpacking (scalar)
+
+// Byte of the packed quants that holds element i of column c, and the shift of its nibble.
+template <class B>
+inline int quant_pos(int c, int i, int& shift) {
+  if constexpr (B::kNibble) {
+    shift = i < 16 ? 0 : 4;
+    return (i % 16) / 4 * 64 + c * 4 + i % 4;
+  } else {
+    shift = 0;
+    return i / 4 * 64 + c * 4 + i % 4;
+  }
+}
+
+// `rows` rows of blocks of type B (k elements each) -> the packed tiles at `out`.
+template <class B>
+void pack_segment(const uint8_t* w, int64_t rows, int64_t k, uint8_t* out) {
+  const int64_t row_bytes = k / B::kElems * B::kBytes, subs = k / 32;
+  std::memset(out, 0, packed_bytes<B>(rows, k));
+  for (int64_t col = 0; col < rows; ++col) {
+    const int64_t t = col / kTileCols;
+    const int c = static_cast<int>(col % kTileCols);
+    for (int64_t s = 0; s < subs; ++s) {
+      const uint8_t* block = w + col * row_bytes + s / B::kSubs * B::kBytes;
+      const int j = static_cast<int>(s % B::kSubs);
+      uint8_t* sub = out + (t * subs + s) * packed_sub_bytes<B>();
+      const Quants u = bytes(B{}, block, j);
+      for (int i = 0; i < 32; ++i) {
+        int shift;
+        sub[quant_pos<B>(c, i, shift)] |= static_cast<uint8_t>(u.b[i] << shift);
+      }
+      uint8_t* sc = sub + packed_quant_bytes<B>();
+      constexpr int kSize = packed_scale_size<B>(), kMinAt = B::kSplitScale ? 2 : 1;
+      if constexpr (B::kHalfScales) {  // the block's own fp16 fields
+        std::memcpy(sc + c * kSize, block, 2);
+        if constexpr (B::kHasMin) std::memcpy(sc + (kMinAt * kTileCols + c) * kSize, block + 2, 2);
+      } else {
+        const SubScales v = scales(B{}, block, j);
+        std::memcpy(sc + c * kSize, &v.d0, 4);
+        if constexpr (B::kSplitScale) std::memcpy(sc + (kTileCols + c) * kSize, &v.d1, 4);
+        if constexpr (B::kHasMin) std::memcpy(sc + (kMinAt * kTileCols + c) * kSize, &v.m, 4);
+      }
+    }
+  }
+}
+
+template <class B>
+inline float packed_scale(const uint8_t* sc, int which, int c) {
+  const uint8_t* p = sc + (which * kTileCols + c) * packed_scale_size<B>();
+  if constexpr (B::kHalfScales) return half_to_float(load_u16(p));
+  float v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Column `col` of a packed segment of type B as fp32 (the block's dequantization, bit for bit).
+template <class B>
+void unpack_column(const uint8_t* packed, int64_t col, int64_t k, float* out) {
+  const int64_t subs = k / 32, t = col / kTileCols;
+  const int c = static_cast<int>(col % kTileCols);
+  for (int64_t s = 0; s < subs; ++s) {
+    const uint8_t* sub = packed + (t * subs + s) * packed_sub_bytes<B>();
+    const uint8_t* sc = sub + packed_quant_bytes<B>();
+    const float d0 = packed_scale<B>(sc, 0, c);
+    const float d1 = B::kSplitScale ? packed_scale<B>(sc, 1, c) : d0;
+    const float m = B::kHasMin ? packed_scale<B>(sc, B::kSplitScale ? 2 : 1, c) : 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      int shift;
+      const uint8_t byte = sub[quant_pos<B>(c, i, shift)];
+      const uint8_t u = B::kNibble ? (byte >> shift) & 15 : byte;
+      const int q = B::kSigned ? static_cast<int8_t>(u) : static_cast<int>(u) - B::kOffset;
+      out[s * 32 + i] = (i < 16 ? d0 : d1) * static_cast<float>(q) + m;
+    }
+  }
+}
+
+// ------------------------------------------------------------------- the activations
+
+// The activations as the kernel sees them: per row, k int8 values, k / 32 scales, k / 16
+// half-block sums (dx * sum of the half's int8 values; rows of half_stride, a multiple of 8
+// padded with zeros) and k / 32 block sums (the two halves' added, for formats with one scale
+// per block; rows of k / 32).
 struct QuantizedActs {
   const int8_t* q;
   const float* d;
   const float* half_sums;
+  const float* block_sums;
   int64_t half_stride;
 };
 
@@ -121,7 +329,7 @@ inline int64_t half_stride(int64_t k) { return (k / 16 + 7) / 8 * 8; }
 
 // One row: dx = max|x| / 127, q = nearbyint(x / dx) (the same float operations as the tests'
 // reference), exact in any vectorization.
-void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_sums) {
+void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_sums, float* block_sums) {
   for (int64_t s = 0; s < k / 32; ++s) {
     const float* xb = x + s * 32;
     float amax = 0.0f;
@@ -137,21 +345,8 @@ void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_su
     d[s] = dx;
     half_sums[2 * s] = dx * static_cast<float>(sums[0]);
     half_sums[2 * s + 1] = dx * static_cast<float>(sums[1]);
+    block_sums[s] = half_sums[2 * s] + half_sums[2 * s + 1];
   }
-}
-
-// Portable fp16 -> fp32 (the scalar path; the SIMD paths use F16C).
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(mant), -24);  // zero or subnormal, exact
-    return sign ? -v : v;
-  }
-  const uint32_t bits = sign | (exp == 31 ? 0x7f800000u | (mant << 13) : ((exp + 112) << 23) | (mant << 13));
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
 }
 
 }  // namespace
@@ -161,64 +356,47 @@ inline float half_to_float(uint16_t h) {
 namespace gguf_scalar {
 
 struct Ops {
-  struct V {
-    uint8_t b[32];
-  };
+  static constexpr int kLanes = 8, kRows = 4, kSignedBias = 0;
   struct I {
     int32_t l[8];
   };
   struct F {
     float f[8];
   };
-  static constexpr int kSignedBias = 0;
-  static V nibbles16(const uint8_t* p) {
-    V v;
-    for (int i = 0; i < 16; ++i) {
-      v.b[i] = p[i] & 15;
-      v.b[i + 16] = p[i] >> 4;
-    }
-    return v;
-  }
-  static V nibbles32(const uint8_t* p, int shift) {
-    V v;
-    for (int i = 0; i < 32; ++i) v.b[i] = (p[i] >> shift) & 15;
-    return v;
-  }
-  static V or_bits(V v, uint32_t bits) {
-    for (int i = 0; i < 32; ++i) v.b[i] |= ((bits >> i) & 1u) << 4;
-    return v;
-  }
-  static V or_high(V v, const uint8_t* p, int shift, int mask) {
-    for (int i = 0; i < 32; ++i) v.b[i] |= ((p[i] >> shift) & mask) << 4;
-    return v;
-  }
-  static V load(const uint8_t* p) {
-    V v;
-    std::memcpy(v.b, p, 32);
-    return v;
-  }
-  static void store(const V& v, uint8_t* p) { std::memcpy(p, v.b, 32); }
   struct T {
-    V u[8];
+    uint8_t g[8][32];  // group g: 4 bytes of each of the 8 columns
   };
-  static constexpr int kRows = 4;
-  template <bool kSigned>
-  static T transpose(const V* u) {
+  template <bool kNibble, bool kSigned>
+  static T load_tile(const uint8_t* q, int h) {
     T t;
-    for (int c = 0; c < 8; ++c) t.u[c] = u[c];
+    for (int g = 0; g < (kNibble ? 4 : 8); ++g) {
+      const uint8_t* src = q + g * 64 + h * 32;
+      for (int i = 0; i < 32; ++i) {
+        t.g[g][i] = kNibble ? src[i] & 15 : src[i];
+        if (kNibble) t.g[g + 4][i] = src[i] >> 4;
+      }
+    }
     return t;
   }
   template <bool kSigned>
   static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
     for (int c = 0; c < 8; ++c) {
       int32_t sums[2] = {0, 0};
-      for (int i = 0; i < 32; ++i) {
-        const int32_t w = kSigned ? static_cast<int8_t>(t.u[c].b[i]) : t.u[c].b[i];
-        sums[i / 16] += w * x[i];
+      for (int g = 0; g < 8; ++g) {
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t u = t.g[g][4 * c + i];
+          sums[g / 4] += (kSigned ? static_cast<int8_t>(u) : static_cast<int32_t>(u)) * x[4 * g + i];
+        }
       }
       lo.l[c] = sums[0];
       hi.l[c] = sums[1];
     }
+  }
+  template <bool kSigned>
+  static I dot_all(const T& t, const int8_t* x) {
+    I lo, hi;
+    dot<kSigned>(t, x, lo, hi);
+    return add_i(lo, hi);
   }
   static F zero() { return F{}; }
   static F splat(float s) {
@@ -229,6 +407,11 @@ struct Ops {
   static F loadf(const float* p) {
     F v;
     std::memcpy(v.f, p, sizeof(v.f));
+    return v;
+  }
+  static F loadh(const uint16_t* p) {
+    F v;
+    for (int i = 0; i < 8; ++i) v.f[i] = half_to_float(p[i]);
     return v;
   }
   static void storef(const F& v, float* p) { std::memcpy(p, v.f, sizeof(v.f)); }
@@ -252,7 +435,6 @@ struct Ops {
     for (int i = 0; i < 8; ++i) acc.f[i] = std::fma(a.f[i], b.f[i], acc.f[i]);
     return acc;
   }
-  static float half(uint16_t h) { return half_to_float(h); }
 };
 
 #include "gguf_gemm_impl.h"
@@ -265,83 +447,32 @@ struct Ops {
 #pragma GCC target("avx2,fma,f16c")
 namespace gguf_avx2 {
 
-// Byte and float helpers shared by the AVX2 and the VNNI paths (plain AVX2 instructions).
-struct Avx2Common {
-  using V = __m256i;
+struct Ops {
+  static constexpr int kLanes = 8, kSignedBias = 0;
+  static constexpr int kRows = 2;  // 16 registers: the 8 groups and 2 x 2 accumulators
   using I = __m256i;
   using F = __m256;
-  static V nibbles16(const uint8_t* p) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-    return _mm256_and_si256(both, _mm256_set1_epi8(15));
-  }
-  static V nibbles32(const uint8_t* p, int shift) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm256_and_si256(_mm256_srli_epi16(raw, shift), _mm256_set1_epi8(15));
-  }
-  // Bit i of `bits` -> byte i: each byte picks its bit's byte of `bits`, tests its bit.
-  static V or_bits(V v, uint32_t bits) {
-    const __m256i spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(static_cast<int32_t>(bits)),
-        _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
-    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-  }
-  static V or_high(V v, const uint8_t* p, int shift, int mask) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i bits = _mm256_and_si256(_mm256_srli_epi16(raw, shift), _mm256_set1_epi8(static_cast<char>(mask)));
-    return _mm256_or_si256(v, _mm256_slli_epi16(bits, 4));  // bits <= 3: no carry into the next byte
-  }
-  static V load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  static void store(V v, uint8_t* p) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
-  // The 8 columns' sub-blocks as 8 registers of 4-byte groups: register g holds bytes 4g..4g+3
-  // of every column (column c in lane c), an 8 x 8 transpose of 32-bit elements.
   struct T {
     __m256i g[8];
   };
-  static T transpose_bytes(const V* u) {
-    __m256i t[8], q[8];
-    for (int i = 0; i < 4; ++i) {
-      t[2 * i] = _mm256_unpacklo_epi32(u[2 * i], u[2 * i + 1]);
-      t[2 * i + 1] = _mm256_unpackhi_epi32(u[2 * i], u[2 * i + 1]);
+  template <bool kNibble, bool kSigned>
+  static T load_tile(const uint8_t* q, int h) {
+    T t;
+    for (int g = 0; g < (kNibble ? 4 : 8); ++g) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * 64 + h * 32));
+      if (kNibble) {
+        t.g[g] = _mm256_and_si256(v, _mm256_set1_epi8(15));
+        t.g[g + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(15));
+      } else {
+        t.g[g] = v;
+      }
     }
-    for (int i = 0; i < 2; ++i) {
-      q[4 * i] = _mm256_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-      q[4 * i + 1] = _mm256_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-      q[4 * i + 2] = _mm256_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-      q[4 * i + 3] = _mm256_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    T r;
-    for (int g = 0; g < 4; ++g) {
-      r.g[g] = _mm256_permute2x128_si256(q[g], q[g + 4], 0x20);
-      r.g[g + 4] = _mm256_permute2x128_si256(q[g], q[g + 4], 0x31);
-    }
-    return r;
+    return t;
   }
   static __m256i group(const int8_t* x, int g) {
     int32_t v;
     std::memcpy(&v, x + 4 * g, sizeof(v));
     return _mm256_set1_epi32(v);
-  }
-  static F zero() { return _mm256_setzero_ps(); }
-  static F splat(float s) { return _mm256_set1_ps(s); }
-  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
-  static void storef(F v, float* p) { _mm256_storeu_ps(p, v); }
-  static F add(F a, F b) { return _mm256_add_ps(a, b); }
-  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
-  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
-  static F fma(I l, F s, F acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), s, acc); }
-  static F fmaf(F a, F b, F acc) { return _mm256_fmadd_ps(a, b, acc); }
-  static float half(uint16_t h) { return _cvtsh_ss(h); }
-};
-
-struct Ops : Avx2Common {
-  static constexpr int kSignedBias = 0;
-  static constexpr int kRows = 2;  // 16 registers: the 8 transposed groups and 2 x 2 accumulators
-  template <bool kSigned>
-  static T transpose(const V* u) {
-    return transpose_bytes(u);
   }
   // Unsigned u < 64: a pair of u * x never reaches int16's limit in vpmaddubsw. Signed weights
   // multiply as |w| * (x with w's sign), at most 128 * 127 per product.
@@ -358,6 +489,22 @@ struct Ops : Avx2Common {
     lo = sums[0];
     hi = sums[1];
   }
+  template <bool kSigned>
+  static I dot_all(const T& t, const int8_t* x) {
+    I lo, hi;
+    dot<kSigned>(t, x, lo, hi);
+    return _mm256_add_epi32(lo, hi);
+  }
+  static F zero() { return _mm256_setzero_ps(); }
+  static F splat(float s) { return _mm256_set1_ps(s); }
+  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static F loadh(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  static void storef(F v, float* p) { _mm256_storeu_ps(p, v); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static I add_i(I a, I b) { return _mm256_add_epi32(a, b); }
+  static F fma(I l, F s, F acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(l), s, acc); }
+  static F fmaf(F a, F b, F acc) { return _mm256_fmadd_ps(a, b, acc); }
 };
 
 #include "gguf_gemm_impl.h"
@@ -365,36 +512,91 @@ struct Ops : Avx2Common {
 }  // namespace gguf_avx2
 #pragma GCC pop_options
 
-// ----------------------------------------------------------------- AVX512-VNNI path (256-bit)
+// ------------------------------------------------------------------ AVX512-VNNI path (512-bit)
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
 namespace gguf_vnni {
 
-struct Ops : gguf_avx2::Avx2Common {
-  static constexpr int kSignedBias = 128;
-  static constexpr int kRows = 8;  // 32 registers: the 8 transposed groups and 8 x 2 accumulators
+struct Ops {
+  static constexpr int kLanes = 16, kSignedBias = 128;
+  static constexpr int kRows = 6;  // 32 registers: the 8 groups, the scales and 6 x 2 accumulators
+  using I = __m512i;
+  using F = __m512;
+  struct T {
+    __m512i g[8];
+  };
   // Signed weights as w + 128 (unsigned); the 128 * sum(x) is taken off with the offset term.
-  template <bool kSigned>
-  static T transpose(const V* u) {
-    if (!kSigned) return transpose_bytes(u);
-    V biased[8];
-    for (int c = 0; c < 8; ++c) biased[c] = _mm256_xor_si256(u[c], _mm256_set1_epi8(-128));
-    return transpose_bytes(biased);
+  template <bool kNibble, bool kSigned>
+  static T load_tile(const uint8_t* q, int) {
+    T t;
+    for (int g = 0; g < (kNibble ? 4 : 8); ++g) {
+      const __m512i v = _mm512_loadu_si512(q + g * 64);
+      if (kNibble) {
+        t.g[g] = _mm512_and_si512(v, _mm512_set1_epi8(15));
+        t.g[g + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(15));
+      } else {
+        t.g[g] = kSigned ? _mm512_xor_si512(v, _mm512_set1_epi8(-128)) : v;
+      }
+    }
+    return t;
+  }
+  // acc += dot of w's bytes with x's 4-byte group g broadcast as a memory operand ({1to16}) of
+  // vpdpbusd itself: GCC emits a separate vpbroadcastd for _mm512_set1_epi32, one more vector
+  // instruction per dot instruction on the ports the dot products need.
+  static void dpbusd_bcast(__m512i& acc, __m512i w, const int8_t* x, int g) {
+    asm("vpdpbusd %[x]%{1to16%}, %[w], %[acc]"
+        : [acc] "+v"(acc)
+        : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x + 4 * g)));
   }
   template <bool kSigned>
   static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
-    lo = hi = _mm256_setzero_si256();
-    for (int g = 0; g < 4; ++g) lo = _mm256_dpbusd_epi32(lo, t.g[g], group(x, g));
-    for (int g = 4; g < 8; ++g) hi = _mm256_dpbusd_epi32(hi, t.g[g], group(x, g));
+    lo = hi = _mm512_setzero_si512();
+    for (int g = 0; g < 4; ++g) dpbusd_bcast(lo, t.g[g], x, g);
+    for (int g = 4; g < 8; ++g) dpbusd_bcast(hi, t.g[g], x, g);
   }
+  // One chain of 8 (no add of the halves: one instruction fewer per row and sub-block).
+  template <bool kSigned>
+  static I dot_all(const T& t, const int8_t* x) {
+    I acc = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) dpbusd_bcast(acc, t.g[g], x, g);
+    return acc;
+  }
+  static F zero() { return _mm512_setzero_ps(); }
+  static F splat(float s) { return _mm512_set1_ps(s); }
+  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static F loadh(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static void storef(F v, float* p) { _mm512_storeu_ps(p, v); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static I add_i(I a, I b) { return _mm512_add_epi32(a, b); }
+  static F fma(I l, F s, F acc) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), s, acc); }
+  static F fmaf(F a, F b, F acc) { return _mm512_fmadd_ps(a, b, acc); }
 };
 
 #include "gguf_gemm_impl.h"
 
+// quantize_row in 512-bit registers: the same float operations, so the same values.
+void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_sums, float* block_sums) {
+  for (int64_t s = 0; s < k / 32; ++s) {
+    const __m512 a = _mm512_loadu_ps(x + s * 32), b = _mm512_loadu_ps(x + s * 32 + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float dx = amax / 127.0f;
+    const __m512 inv = _mm512_set1_ps(dx != 0.0f ? 1.0f / dx : 0.0f);
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(a, inv), kNearest));
+    const __m512i qb = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(b, inv), kNearest));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + s * 32), _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + s * 32 + 16), _mm512_cvtepi32_epi8(qb));
+    d[s] = dx;
+    half_sums[2 * s] = dx * static_cast<float>(_mm512_reduce_add_epi32(qa));
+    half_sums[2 * s + 1] = dx * static_cast<float>(_mm512_reduce_add_epi32(qb));
+    block_sums[s] = half_sums[2 * s] + half_sums[2 * s + 1];
+  }
+}
+
 }  // namespace gguf_vnni
 #pragma GCC pop_options
-
 // ------------------------------------------------------------------------------ entry points
 
 namespace {
@@ -414,9 +616,31 @@ bool isa_supported(int isa) {
 }  // namespace
 
 int64_t gguf_row_bytes(int type, int64_t k) {
-  const BlockShape shape = block_shape(type);
-  if (shape.elems == 0 || k <= 0 || k % shape.elems != 0) return -1;
-  return k / shape.elems * shape.bytes;
+  int64_t bytes = -1;
+  with_block(type, [&](auto b) {
+    using B = decltype(b);
+    if (k > 0 && k % B::kElems == 0) bytes = k / B::kElems * B::kBytes;
+  });
+  return bytes;
+}
+
+int64_t gguf_packed_bytes(int type, int64_t rows, int64_t k) {
+  int64_t bytes = -1;
+  with_block(type, [&](auto b) {
+    using B = decltype(b);
+    if (k > 0 && k % B::kElems == 0 && rows > 0) bytes = packed_bytes<B>(rows, k);
+  });
+  return bytes;
+}
+
+void gguf_pack(const uint8_t* w, const int64_t* segments, int64_t num_segments, int64_t k, uint8_t* out) {
+  for (int64_t s = 0; s < num_segments; ++s) {
+    const int type = static_cast<int>(segments[2 * s]);
+    const int64_t rows = segments[2 * s + 1];
+    with_block(type, [&](auto b) { pack_segment<decltype(b)>(w, rows, k, out); });
+    w += rows * gguf_row_bytes(type, k);
+    out += gguf_packed_bytes(type, rows, k);
+  }
 }
 
 void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int64_t* segments, int64_t num_segments,
@@ -425,20 +649,24 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
   PD_CHECK(isa_supported(isa), "fd_gguf_linear: this CPU cannot run kernel path " + std::to_string(isa) + ".");
   const int64_t subs = k / 32, stride = half_stride(k);
   thread_local std::vector<int8_t> q_buf;
-  thread_local std::vector<float> d_buf, sums_buf;
+  thread_local std::vector<float> d_buf, sums_buf, block_buf;
   q_buf.resize(m * k);
   d_buf.resize(m * subs);
   sums_buf.assign(m * stride, 0.0f);
+  block_buf.resize(m * subs);
   int8_t* q = q_buf.data();
   float* d = d_buf.data();
   float* sums = sums_buf.data();
+  float* blocks = block_buf.data();
 #pragma omp parallel for schedule(static) if (m >= 16)
-  for (int64_t r = 0; r < m; ++r) quantize_row(x + r * k, k, q + r * k, d + r * subs, sums + r * stride);
-  const QuantizedActs acts{q, d, sums, stride};
+  for (int64_t r = 0; r < m; ++r) {
+    auto* quantize = isa == kGgufAvx512Vnni ? gguf_vnni::quantize_row : quantize_row;
+    quantize(x + r * k, k, q + r * k, d + r * subs, sums + r * stride, blocks + r * subs);
+  }
+  const QuantizedActs acts{q, d, sums, blocks, stride};
 
-  // Each thread takes a contiguous range of every segment's columns (in groups of 8, a tile):
-  // the weights are read once in all, and which thread computes a column changes nothing in it.
-  constexpr int64_t kGroup = 8;
+  // Each thread takes a contiguous range of every segment's tiles: the weights are read once in
+  // all, and which thread computes a column changes nothing in it.
   const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, n / 64)));
 #pragma omp parallel num_threads(threads)
   {
@@ -448,41 +676,27 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
     for (int64_t s = 0; s < num_segments; ++s) {
       const int type = static_cast<int>(segments[2 * s]);
       const int64_t rows = segments[2 * s + 1];
-      const int64_t groups = (rows + kGroup - 1) / kGroup;
-      const int64_t cb = std::min(rows, groups * t / nt * kGroup), ce = std::min(rows, groups * (t + 1) / nt * kGroup);
+      const int64_t num_tiles = (rows + kTileCols - 1) / kTileCols;
+      const int64_t tb = num_tiles * t / nt, te = num_tiles * (t + 1) / nt;
       const float* seg_bias = bias != nullptr ? bias + col : nullptr;
       float* seg_out = out + col;
-      if (cb < ce) {
+      if (tb < te) {
         switch (isa) {
-          case kGgufAvx512Vnni:
-            gguf_vnni::segment_columns(type, acts, m, k, seg_w, cb, ce, seg_bias, seg_out, n);
-            break;
-          case kGgufAvx2: gguf_avx2::segment_columns(type, acts, m, k, seg_w, cb, ce, seg_bias, seg_out, n); break;
-          default: gguf_scalar::segment_columns(type, acts, m, k, seg_w, cb, ce, seg_bias, seg_out, n); break;
+          case kGgufAvx512Vnni: gguf_vnni::segment_tiles(type, acts, m, k, seg_w, rows, tb, te, seg_bias, seg_out, n); break;
+          case kGgufAvx2: gguf_avx2::segment_tiles(type, acts, m, k, seg_w, rows, tb, te, seg_bias, seg_out, n); break;
+          default: gguf_scalar::segment_tiles(type, acts, m, k, seg_w, rows, tb, te, seg_bias, seg_out, n); break;
         }
       }
       col += rows;
-      seg_w += rows * gguf_row_bytes(type, k);
+      seg_w += gguf_packed_bytes(type, rows, k);
     }
   }
 }
 
 void gguf_dequantize_rows(const uint8_t* w, int type, int64_t k, const int64_t* ids, int64_t count, float* out) {
-  const int64_t row_bytes = gguf_row_bytes(type, k);
 #pragma omp parallel for schedule(static) if (count >= 64)
   for (int64_t i = 0; i < count; ++i) {
-    const uint8_t* row = w + ids[i] * row_bytes;
-    float* dst = out + i * k;
-    switch (type) {
-      case BlockQ8_0::kType: gguf_scalar::dequantize_row<BlockQ8_0>(row, k, dst); break;
-      case BlockQ4_0::kType: gguf_scalar::dequantize_row<BlockQ4_0>(row, k, dst); break;
-      case BlockQ4_1::kType: gguf_scalar::dequantize_row<BlockQ4_1>(row, k, dst); break;
-      case BlockQ5_0::kType: gguf_scalar::dequantize_row<BlockQ5_0>(row, k, dst); break;
-      case BlockQ5_1::kType: gguf_scalar::dequantize_row<BlockQ5_1>(row, k, dst); break;
-      case BlockQ4_K::kType: gguf_scalar::dequantize_row<BlockQ4_K>(row, k, dst); break;
-      case BlockQ5_K::kType: gguf_scalar::dequantize_row<BlockQ5_K>(row, k, dst); break;
-      default: gguf_scalar::dequantize_row<BlockQ6_K>(row, k, dst); break;
-    }
+    with_block(type, [&](auto b) { unpack_column<decltype(b)>(w, ids[i], k, out + i * k); });
   }
 }
 
@@ -490,17 +704,20 @@ void gguf_dequantize_rows(const uint8_t* w, int type, int64_t k, const int64_t* 
 
 namespace {
 
-// The weight's rows per segment and its byte size, checked against K; returns the total rows.
-int64_t check_segments(const std::vector<int64_t>& segments, int64_t k, int64_t bytes, const char* op) {
+// The weight's rows per segment and its byte size (as blocks, or packed), checked against K;
+// returns the total rows.
+int64_t check_segments(const std::vector<int64_t>& segments, int64_t k, int64_t bytes, bool packed, const char* op) {
   PD_CHECK(!segments.empty() && segments.size() % 2 == 0, std::string(op) + ": segments are (type, rows) pairs.");
   int64_t rows = 0, expected = 0;
   for (size_t s = 0; s < segments.size(); s += 2) {
-    const int64_t row_bytes = fastdeploy_cpu::gguf_row_bytes(static_cast<int>(segments[s]), k);
-    PD_CHECK(row_bytes > 0, std::string(op) + ": ggml type " + std::to_string(segments[s]) +
-                                " has no kernel or K = " + std::to_string(k) + " is not a multiple of its block.");
+    const int type = static_cast<int>(segments[s]);
+    PD_CHECK(fastdeploy_cpu::gguf_row_bytes(type, k) > 0,
+             std::string(op) + ": ggml type " + std::to_string(segments[s]) + " has no kernel or K = " +
+                 std::to_string(k) + " is not a multiple of its block.");
     PD_CHECK(segments[s + 1] > 0, std::string(op) + ": a segment has no rows.");
     rows += segments[s + 1];
-    expected += segments[s + 1] * row_bytes;
+    expected += packed ? fastdeploy_cpu::gguf_packed_bytes(type, segments[s + 1], k)
+                       : segments[s + 1] * fastdeploy_cpu::gguf_row_bytes(type, k);
   }
   PD_CHECK(bytes == expected, std::string(op) + ": the weight has " + std::to_string(bytes) + " bytes, its segments " +
                                   std::to_string(expected) + ".");
@@ -509,7 +726,7 @@ int64_t check_segments(const std::vector<int64_t>& segments, int64_t k, int64_t 
 
 }  // namespace
 
-// x [..., K] float32, weight uint8 (the blocks of the segments' rows, one after the other),
+// x [..., K] float32, weight uint8 (the segments packed by fd_gguf_pack, one after the other),
 // segments (ggml type, rows) pairs in output order, optional bias [N] -> [..., N] float32.
 std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight,
                                        const paddle::optional<paddle::Tensor>& bias,
@@ -522,7 +739,7 @@ std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Te
   PD_CHECK(!shape.empty(), "fd_gguf_linear: x must have at least one dimension.");
   const int64_t k = shape.back();
   const int64_t m = k ? x.numel() / k : 0;
-  const int64_t n = check_segments(segments, k, weight.numel(), "fd_gguf_linear");
+  const int64_t n = check_segments(segments, k, weight.numel(), true, "fd_gguf_linear");
   std::vector<int64_t> out_shape(shape.begin(), shape.end());
   out_shape.back() = n;
   auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
@@ -537,18 +754,35 @@ std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Te
   return {out};
 }
 
-// ids [T] int64 into the rows of weight [rows, row_bytes] of `ggml_type` -> [T, k] float32.
+// weight uint8: the blocks of the segments' rows (k elements each), one after the other ->
+// the packed layout of the kernel (one uint8 tensor).
+std::vector<paddle::Tensor> GgufPack(const paddle::Tensor& weight, const std::vector<int64_t>& segments, int64_t k) {
+  fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
+  fastdeploy_cpu::check_dtype(weight, paddle::DataType::UINT8, "weight");
+  check_segments(segments, k, weight.numel(), false, "fd_gguf_pack");
+  int64_t bytes = 0;
+  for (size_t s = 0; s < segments.size(); s += 2) {
+    bytes += fastdeploy_cpu::gguf_packed_bytes(static_cast<int>(segments[s]), segments[s + 1], k);
+  }
+  auto out = paddle::empty({bytes}, paddle::DataType::UINT8, weight.place());
+  fastdeploy_cpu::gguf_pack(weight.data<uint8_t>(), segments.data(), static_cast<int64_t>(segments.size() / 2), k,
+                            out.data<uint8_t>());
+  return {out};
+}
+
+// ids [T] int64 into the `rows` rows (of k elements of `ggml_type`) of a table packed by
+// fd_gguf_pack -> [T, k] float32.
 std::vector<paddle::Tensor> GgufEmbedding(const paddle::Tensor& ids, const paddle::Tensor& weight, int ggml_type,
-                                          int64_t k) {
+                                          int64_t rows, int64_t k) {
   fastdeploy_cpu::check_cpu_contiguous(ids, "ids");
   fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
   fastdeploy_cpu::check_dtype(ids, paddle::DataType::INT64, "ids");
   fastdeploy_cpu::check_dtype(weight, paddle::DataType::UINT8, "weight");
-  const int64_t row_bytes = fastdeploy_cpu::gguf_row_bytes(ggml_type, k);
-  PD_CHECK(row_bytes > 0, "fd_gguf_embedding: ggml type " + std::to_string(ggml_type) + " has no kernel for rows of " +
-                              std::to_string(k) + ".");
-  PD_CHECK(weight.numel() % row_bytes == 0, "fd_gguf_embedding: the weight is not whole rows.");
-  const int64_t rows = weight.numel() / row_bytes;
+  PD_CHECK(fastdeploy_cpu::gguf_row_bytes(ggml_type, k) > 0, "fd_gguf_embedding: ggml type " +
+                                                                  std::to_string(ggml_type) +
+                                                                  " has no kernel for rows of " + std::to_string(k) + ".");
+  PD_CHECK(weight.numel() == fastdeploy_cpu::gguf_packed_bytes(ggml_type, rows, k),
+           "fd_gguf_embedding: the weight is not a packed table of " + std::to_string(rows) + " rows.");
   const int64_t count = ids.numel();
   const int64_t* id = ids.data<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
@@ -570,7 +804,7 @@ PD_BUILD_OP(fd_gguf_linear)
 
 // Paddle infers an op's output from its first input unless told: here the output is fp32 rows.
 std::vector<std::vector<int64_t>> GgufEmbeddingShape(const std::vector<int64_t>& ids_shape,
-                                                     const std::vector<int64_t>&, int, int64_t k) {
+                                                     const std::vector<int64_t>&, int, int64_t, int64_t k) {
   std::vector<int64_t> shape(ids_shape);
   shape.push_back(k);
   return {shape};
@@ -583,7 +817,23 @@ std::vector<paddle::DataType> GgufEmbeddingDtype(const paddle::DataType&, const 
 PD_BUILD_OP(fd_gguf_embedding)
     .Inputs({"ids", "weight"})
     .Outputs({"out"})
-    .Attrs({"ggml_type: int", "k: int64_t"})
+    .Attrs({"ggml_type: int", "rows: int64_t", "k: int64_t"})
     .SetKernelFn(PD_KERNEL(GgufEmbedding))
     .SetInferShapeFn(PD_INFER_SHAPE(GgufEmbeddingShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(GgufEmbeddingDtype));
+
+std::vector<std::vector<int64_t>> GgufPackShape(const std::vector<int64_t>&, const std::vector<int64_t>& segments,
+                                                int64_t k) {
+  int64_t bytes = 0;
+  for (size_t s = 0; s + 1 < segments.size(); s += 2) {
+    bytes += fastdeploy_cpu::gguf_packed_bytes(static_cast<int>(segments[s]), segments[s + 1], k);
+  }
+  return {{bytes}};
+}
+
+PD_BUILD_OP(fd_gguf_pack)
+    .Inputs({"weight"})
+    .Outputs({"out"})
+    .Attrs({"segments: std::vector<int64_t>", "k: int64_t"})
+    .SetKernelFn(PD_KERNEL(GgufPack))
+    .SetInferShapeFn(PD_INFER_SHAPE(GgufPackShape));

@@ -31,15 +31,18 @@ void panel_unpack(const void* packed, int64_t k, int64_t n, bool bf16, float* w)
 void panel_gemm(const float* x, int64_t m, int64_t k, const void* packed, bool bf16, const float* bias, int64_t n,
                 float* out);
 
-// gguf_gemm.cc: out[m, n] = x[m, k] @ W^T (+ bias) straight from GGUF blocks. W is the rows of
-// consecutive segments, each `rows` rows of one ggml type (segments: (type, rows) pairs);
-// activations are quantized per 32 elements to int8. isa: one of the paths below.
+// gguf_gemm.cc: out[m, n] = x[m, k] @ W^T (+ bias) from GGUF blocks. W is the rows of
+// consecutive segments, each `rows` rows of one ggml type (segments: (type, rows) pairs),
+// packed by gguf_pack; activations are quantized per 32 elements to int8. isa: one of the paths below.
 enum GgufIsa : int { kGgufScalar = 0, kGgufAvx2 = 1, kGgufAvx512Vnni = 2 };
 // Bytes of one row of k elements of ggml type `type`; -1 without a kernel or for a k off its block.
 int64_t gguf_row_bytes(int type, int64_t k);
+// Bytes of `rows` such rows in the kernel's packed layout; -1 as gguf_row_bytes.
+int64_t gguf_packed_bytes(int type, int64_t rows, int64_t k);
+void gguf_pack(const uint8_t* w, const int64_t* segments, int64_t num_segments, int64_t k, uint8_t* out);
 void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int64_t* segments, int64_t num_segments,
                const float* bias, int64_t n, int isa, float* out);
-// Rows ids[0..count) of a [rows, k] table of ggml type `type`, dequantized to fp32 [count, k].
+// Rows ids[0..count) of a packed table of ggml type `type` (rows of k elements), dequantized to fp32 [count, k].
 void gguf_dequantize_rows(const uint8_t* w, int type, int64_t k, const int64_t* ids, int64_t count, float* out);
 
 // moe.cc: out[t] = sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]), each expert a SwiGLU MLP whose

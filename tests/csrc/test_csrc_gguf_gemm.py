@@ -2,7 +2,9 @@
 
 The reference is what the kernel computes in exact arithmetic: the activations quantized per
 32 elements (dx = max|x| / 127, q = round(x / dx)) and dequantized again, times the weights
-dequantized by ``gguf.quants.dequantize``, in fp64. Every path this CPU can run is checked.
+dequantized by ``gguf.quants.dequantize``, in fp64. Every path this CPU can run is checked, on
+the weights as ``fd_gguf_pack`` lays them out (tiles of 16 columns: N = 37 leaves a part-filled
+tile, and the M values every row-tile height of every path and their remainders).
 """
 
 import ctypes
@@ -39,9 +41,14 @@ def as_kernel_sees(x: np.ndarray) -> np.ndarray:
     return (np.rint(blocks * inv) * d).reshape(m, k)
 
 
+def pack(w: np.ndarray, segments: list[int], k: int = K) -> paddle.Tensor:
+    return ops.gguf_pack(paddle.to_tensor(w.reshape(-1)), segments, k)
+
+
 def linear(x, w, segments, path, bias=None):
     b = None if bias is None else paddle.to_tensor(bias)
-    return ops.gguf_linear(paddle.to_tensor(x), paddle.to_tensor(w.reshape(-1)), b, segments, KERNEL_PATHS[path]).numpy()
+    packed = pack(w, segments, x.shape[-1])
+    return ops.gguf_linear(paddle.to_tensor(x), packed, b, segments, KERNEL_PATHS[path]).numpy()
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -49,7 +56,7 @@ def linear(x, w, segments, path, bias=None):
 def test_matches_dequantized_weights_times_quantized_activations(qtype, path):
     w = random_blocks(qtype, N, K)
     wd = dequantize(w, qtype).astype(np.float64)
-    for m in (1, 2, 3, 7, 16, 33):  # every row-tile height and remainder
+    for m in (1, 2, 3, 5, 7, 16, 33):  # every row-tile height and remainder
         x = rng.standard_normal((m, K)).astype(np.float32)
         got = linear(x, w, [int(qtype), N], path)
         want = as_kernel_sees(x).astype(np.float64) @ wd.T
@@ -96,22 +103,36 @@ def test_a_row_is_independent_of_the_batch_and_the_thread_count(qtype, path):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_embedding_rows_are_the_dequantized_rows(qtype):
+    """Rows looked up in the packed table are gguf-py's dequantization bit for bit (the layout loses nothing)."""
     w = random_blocks(qtype, N, K)
     ids = np.array([[3, 0], [36, 3]], dtype=np.int64)
-    got = ops.gguf_embedding(paddle.to_tensor(ids), paddle.to_tensor(w.reshape(-1)), int(qtype), K).numpy()
+    got = ops.gguf_embedding(paddle.to_tensor(ids), pack(w, [int(qtype), N]), int(qtype), N, K).numpy()
     assert got.shape == (2, 2, K)
-    np.testing.assert_allclose(got, dequantize(w, qtype)[ids], rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(got, dequantize(w, qtype)[ids])
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0],
+                         ids=lambda t: t.name)
+def test_the_4_and_8_bit_formats_pack_into_their_own_bytes(qtype):
+    w = random_blocks(qtype, 48, K)
+    assert pack(w, [int(qtype), 48]).shape == [w.size]
+    assert pack(w[:37], [int(qtype), 37]).shape == [w.size]  # a part-filled tile is padded to 16 columns
 
 
 def test_bad_input_is_refused():
-    w = paddle.to_tensor(random_blocks(GGMLQuantizationType.Q8_0, 4, 64).reshape(-1))
+    raw = random_blocks(GGMLQuantizationType.Q8_0, 4, 64)
+    w = pack(raw, [8, 4], 64)  # one tile: 16 columns x 2 sub-blocks x 544 bytes
     x = paddle.ones([1, 64])
     with pytest.raises(OSError, match="ggml type 1 has no kernel"):  # F16
         ops.gguf_linear(x, w, None, [1, 4], 0)
     with pytest.raises(OSError, match="not a multiple of its block"):
         ops.gguf_linear(paddle.ones([1, 48]), w, None, [8, 4], 0)
-    with pytest.raises(OSError, match="the weight has 272 bytes, its segments 340"):
-        ops.gguf_linear(x, w, None, [8, 5], 0)
+    with pytest.raises(OSError, match="the weight has 1088 bytes, its segments 2176"):
+        ops.gguf_linear(x, w, None, [8, 17], 0)
+    with pytest.raises(OSError, match="fd_gguf_pack: the weight has 272 bytes, its segments 340"):
+        ops.gguf_pack(paddle.to_tensor(raw.reshape(-1)), [8, 5], 64)
     with pytest.raises(OSError, match="token id 4 is outside the table"):
-        ops.gguf_embedding(paddle.to_tensor(np.array([4], np.int64)), w, 8, 64)
+        ops.gguf_embedding(paddle.to_tensor(np.array([4], np.int64)), w, 8, 4, 64)
+    with pytest.raises(OSError, match="not a packed table of 40 rows"):
+        ops.gguf_embedding(paddle.to_tensor(np.array([4], np.int64)), w, 8, 40, 64)
     assert ops.gguf_linear(paddle.zeros([0, 64]), w, None, [8, 4], 0).shape == [0, 4]

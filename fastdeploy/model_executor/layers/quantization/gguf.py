@@ -1,10 +1,12 @@
 """GGUF files served in their own block formats (vLLM's ``--quantization gguf``).
 
 Every matrix of the file stays in its ggml blocks (``qweight``, uint8, and ``qweight_type``,
-as vLLM names them) and is multiplied straight from them by ``csrc/cpu/gguf_gemm.cc``:
-activations quantized per 32 elements to int8, integer dot products, fp32 accumulation.
-The token embedding dequantizes only the rows it looks up, and a tied LM head multiplies
-with the embedding's own blocks (no second copy of the table).
+as vLLM names them), rearranged once at load into the layout the kernel streams
+(``fd_gguf_pack``: tiles of 16 columns, the same bytes for the 4- and 8-bit 32-element
+formats), and is multiplied from them by ``csrc/cpu/gguf_gemm.cc``: activations quantized
+per 32 elements to int8, integer dot products, fp32 accumulation. The token embedding
+dequantizes only the rows it looks up, and a tied LM head multiplies with the embedding's
+own blocks (no second copy of the table).
 
 Supported types: :data:`GGUF_KERNEL_TYPES`. A matrix of any other type (F16 included) is
 refused at start-up, naming the tensor (:func:`check_tensor_types`); a GGUF file is served in
@@ -27,7 +29,7 @@ from fastdeploy.model_executor.layers.linear import KernelWeight, LinearBase, Li
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from fastdeploy.model_executor.utils import new_parameter
-from fastdeploy.transformers_utils.gguf_utils import GGUFBlocks, row_bytes
+from fastdeploy.transformers_utils.gguf_utils import GGUFBlocks
 
 if TYPE_CHECKING:
     from fastdeploy.model_executor.layers.vocab_embedding import VocabParallelEmbedding
@@ -100,8 +102,13 @@ def random_blocks(ggml_type: int, rows: int, k: int, rng: np.random.Generator) -
 
 
 def dequantize_rows(qweight: paddle.Tensor, ggml_type: int, rows: int, dim: int) -> paddle.Tensor:
-    """All ``rows`` rows of a block table as fp32 ``[rows, dim]`` (inspection and export, not the forward)."""
-    return ops.gguf_embedding(paddle.arange(rows, dtype="int64"), qweight, ggml_type, dim)
+    """All ``rows`` rows of a packed block table as fp32 ``[rows, dim]`` (inspection and export, not the forward)."""
+    return ops.gguf_embedding(paddle.arange(rows, dtype="int64"), qweight, ggml_type, rows, dim)
+
+
+def pack_blocks(data: np.ndarray, ggml_type: int, rows: int, k: int) -> paddle.Tensor:
+    """``rows`` rows of GGUF blocks (``k`` elements each) in the kernels' packed layout (``fd_gguf_pack``)."""
+    return ops.gguf_pack(paddle.to_tensor(np.ascontiguousarray(data).reshape(-1)), [ggml_type, rows], k)
 
 
 @register_quantization_config("gguf")
@@ -159,8 +166,8 @@ class GGUFLinearMethod(LinearMethodBase):
 
     The checkpoint's tensor (or each shard of a fused layer) arrives through
     :meth:`weight_loader` as :class:`GGUFBlocks`; :meth:`process_weights_after_loading`
-    concatenates the shards' rows into one ``qweight`` with its ``(type, rows)`` segments,
-    so shards of different types (Q4_K q/k with a Q6_K v, as ``Q4_K_M`` files have) run in
+    packs the shards' rows into one ``qweight`` with its ``(type, rows)`` segments, so
+    shards of different types (Q4_K q/k with a Q6_K v, as ``Q4_K_M`` files have) run in
     one call.
 
     Args:
@@ -186,16 +193,18 @@ class GGUFLinearMethod(LinearMethodBase):
 
     def tie_weights(self, layer: LinearBase, embedding: VocabParallelEmbedding) -> None:
         """Multiply with the embedding's own blocks (tied word embeddings): no copy of the table."""
-        qweight, ggml_type, dim = embedding._gguf_args
-        if dim != layer.input_size:
-            raise ValueError(f"Cannot tie the LM head ({layer.input_size} inputs) to an embedding of {dim}.")
-        self._finish(layer, qweight, [ggml_type, layer.output_size])
+        qweight, ggml_type, rows, dim = embedding._gguf_args
+        if dim != layer.input_size or rows != layer.output_size:
+            raise ValueError(f"Cannot tie the LM head ({layer.input_size} -> {layer.output_size}) to an embedding "
+                             f"of {rows} x {dim}.")
+        self._finish(layer, qweight, [ggml_type, layer.output_size], [0])
 
-    def _finish(self, layer: LinearBase, qweight: paddle.Tensor, segments: list[int]) -> None:
+    def _finish(self, layer: LinearBase, qweight: paddle.Tensor, segments: list[int], offsets: list[int]) -> None:
         layer.register_buffer("qweight", qweight, persistable=True)
         # (type, rows) pairs; vLLM's qweight_type is the type of each.
         object.__setattr__(layer, "qweight_type", segments[0::2])
         object.__setattr__(layer, "_gguf_args", (qweight, layer.bias, segments, self.isa))
+        object.__setattr__(layer, "_gguf_offsets", offsets)  # each segment's first byte in qweight
         object.__setattr__(layer, "_gguf_shards", {})
         layer.weight = None
 
@@ -207,14 +216,21 @@ class GGUFLinearMethod(LinearMethodBase):
         if sum(s.shape[0] for s in shards) != layer.output_size:
             raise ValueError(f"{type(layer).__name__}: GGUF shards cover {sum(s.shape[0] for s in shards)} of "
                              f"{layer.output_size} output rows.")
-        segments: list[int] = []
+        groups: list[list[GGUFBlocks]] = []
         for s in shards:  # consecutive shards of one type are one segment
-            if segments and segments[-2] == s.ggml_type:
-                segments[-1] += s.shape[0]
+            if groups and groups[-1][0].ggml_type == s.ggml_type:
+                groups[-1].append(s)
             else:
-                segments += [s.ggml_type, s.shape[0]]
-        data = np.concatenate([np.ascontiguousarray(s.data).reshape(-1) for s in shards])
-        self._finish(layer, paddle.to_tensor(data), segments)
+                groups.append([s])
+        segments, parts, offsets, offset = [], [], [], 0
+        for group in groups:
+            rows = sum(s.shape[0] for s in group)
+            data = np.concatenate([np.ascontiguousarray(s.data).reshape(-1) for s in group])
+            parts.append(pack_blocks(data, group[0].ggml_type, rows, layer.input_size))
+            segments += [group[0].ggml_type, rows]
+            offsets.append(offset)
+            offset += parts[-1].shape[0]
+        self._finish(layer, parts[0] if len(parts) == 1 else paddle.concat(parts), segments, offsets)
         return True
 
     def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
@@ -229,16 +245,18 @@ class GGUFLinearMethod(LinearMethodBase):
 
     def dense_weight(self, layer: LinearBase) -> paddle.Tensor:
         qweight, _, segments, _ = layer._gguf_args
-        parts, offset = [], 0
-        for ggml_type, rows in zip(segments[0::2], segments[1::2], strict=True):
-            nbytes = row_bytes(ggml_type, layer.input_size) * rows
-            parts.append(dequantize_rows(qweight[offset : offset + nbytes], ggml_type, rows, layer.input_size))
-            offset += nbytes
+        ends = [*layer._gguf_offsets[1:], qweight.shape[0]]
+        parts = [
+            dequantize_rows(qweight[begin:end], ggml_type, rows, layer.input_size)
+            for ggml_type, rows, begin, end in zip(segments[0::2], segments[1::2], layer._gguf_offsets, ends,
+                                                   strict=True)
+        ]
         return paddle.concat(parts, axis=0).T
 
 
 class GGUFEmbeddingMethod(QuantizeMethodBase):
-    """A token embedding kept as GGUF blocks: each step dequantizes only the rows it looks up (``fd_gguf_embedding``)."""
+    """A token embedding kept as (packed) GGUF blocks: each step dequantizes only the rows it looks up
+    (``fd_gguf_embedding``)."""
 
     def create_weights(self, layer: VocabParallelEmbedding, num_embeddings: int, embedding_dim: int,
                        dtype: str) -> None:
@@ -246,12 +264,13 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
 
     def weight_loader(self, layer: VocabParallelEmbedding, param: paddle.Tensor, loaded: Any,
                       shard_id: object = None) -> bool:
-        blocks = check_blocks(loaded, type(layer).__name__, (layer.num_embeddings_per_partition,
-                                                              layer.embedding_dim))
-        qweight = paddle.to_tensor(np.ascontiguousarray(blocks.data).reshape(-1))
+        rows = layer.num_embeddings_per_partition
+        blocks = check_blocks(loaded, type(layer).__name__, (rows, layer.embedding_dim))
+        # Packed as the LM head's kernel reads it, so a tied head multiplies with this very table.
+        qweight = pack_blocks(blocks.data, blocks.ggml_type, rows, layer.embedding_dim)
         layer.register_buffer("qweight", qweight, persistable=True)
         object.__setattr__(layer, "qweight_type", blocks.ggml_type)
-        object.__setattr__(layer, "_gguf_args", (qweight, blocks.ggml_type, layer.embedding_dim))
+        object.__setattr__(layer, "_gguf_args", (qweight, blocks.ggml_type, rows, layer.embedding_dim))
         layer.weight = None
         return True
 
@@ -259,5 +278,5 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
         return ops.gguf_embedding(input_ids, *layer._gguf_args)
 
     def dense_weight(self, layer: VocabParallelEmbedding) -> paddle.Tensor:
-        qweight, ggml_type, dim = layer._gguf_args
-        return dequantize_rows(qweight, ggml_type, layer.num_embeddings_per_partition, dim)
+        qweight, ggml_type, rows, dim = layer._gguf_args
+        return dequantize_rows(qweight, ggml_type, rows, dim)

@@ -6,6 +6,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers import quantization
 from fastdeploy.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from fastdeploy.model_executor.layers.quantization.gguf import GGUFConfig, GGUFLinearMethod
@@ -39,7 +40,10 @@ def test_a_fused_layer_of_mixed_type_shards_multiplies_from_its_blocks():
         layer.weight_loader(layer.bias, bias[layer.shard_offsets[shard][0]:][: shards[shard].shape[0]], shard)
     assert layer.process_weights_after_loading("bfloat16")
     assert layer.weight is None and layer.qweight.dtype == paddle.uint8 and layer.qweight_type == [12, 14]
-    assert layer.qweight.shape == [sum(s.data.size for s in shards.values())]  # the blocks, nothing widened
+    # The blocks packed per segment (Q4_K q and k one segment, Q6_K v the next), nothing dequantized.
+    packed = [ops.gguf_pack(paddle.to_tensor(np.concatenate([shards[s].data.reshape(-1) for s in group])),
+                            [int(qtype), rows], k).shape[0] for group, qtype, rows in (("qk", Q4_K, 192), ("v", Q6_K, 64))]
+    assert layer.qweight.shape == [sum(packed)]
     dense = np.concatenate([dequantize(shards[s].data, GGMLQuantizationType(shards[s].ggml_type)) for s in "qkv"])
     np.testing.assert_array_equal(layer.dense_weight().numpy(), dense.T)
     x = rng.standard_normal((3, k)).astype(np.float32)
