@@ -138,15 +138,14 @@ def test_gguf_blocks_shard_whole_blocks_only():
     with pytest.raises(ValueError, match="whole blocks"):
         shard_tensor(blocks, 1, 16, 16, "RowParallelLinear")
     # Real Q4_1 blocks: the rank's columns dequantize to exactly the whole matrix's columns.
-    import paddle
 
-    from fastdeploy.model_executor.layers.quantization.gguf import dequantize_rows, random_blocks
+    from fastdeploy.model_executor.layers.quantization.gguf import dequantize_rows, pack_blocks, random_blocks
 
     q41 = GGUFBlocks("w", 3, (6, 192), random_blocks(3, 6, 192, np.random.default_rng(0)))
-    whole = dequantize_rows(paddle.to_tensor(q41.data.reshape(-1)), 3, 6, 192).numpy()
+    whole = dequantize_rows(pack_blocks(q41.data, 3, 6, 192), 3, 6, 192).numpy()
     for rank in range(3):
         part = shard_tensor(q41, 1, rank * 64, 64, "RowParallelLinear")
-        got = dequantize_rows(paddle.to_tensor(np.ascontiguousarray(part.data).reshape(-1)), 3, 6, 64).numpy()
+        got = dequantize_rows(pack_blocks(part.data, 3, 6, 64), 3, 6, 64).numpy()
         np.testing.assert_array_equal(got, whole[:, rank * 64:(rank + 1) * 64])
     # Dense arrays past the end (vocabulary padding) are zero rows.
     padded = shard_tensor(np.ones((5, 2)), 0, 3, 3, "ParallelLMHead")
