@@ -74,6 +74,10 @@ class ModelConfig:
                 f"model_impl must be one of 'auto', 'fastdeploy', 'paddleformers', got {self.model_impl!r}."
             )
         self.hf_config = get_hf_config(self.model_path, self.gguf_file, self.trust_remote_code)
+        if not self.gguf_file:  # a checkpoint's quantization_config picks its method, as in vLLM
+            from fastdeploy.model_executor.layers.quantization import resolve_quantization
+
+            self.quantization = resolve_quantization(self.hf_config, self.quantization)
         derived = self.hf_config.max_position_embeddings
         if self.max_model_len is None:
             self.max_model_len = derived

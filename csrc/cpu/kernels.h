@@ -42,6 +42,16 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
 // Rows ids[0..count) of a [rows, k] table of ggml type `type`, dequantized to fp32 [count, k].
 void gguf_dequantize_rows(const uint8_t* w, int type, int64_t k, const int64_t* ids, int64_t count, float* out);
 
+// int_gemm.cc: out[m, n] = x[m, k] @ W (+ bias) with W integers (8 bits per channel, or 4 bits
+// per group of `group` rows of K) in 16-column panels, widened to fp32 in registers.
+enum IntIsa : int { kIntScalar = 0, kIntAvx2 = 1, kIntAvx512 = 2 };
+constexpr int64_t kIntPanel = 16;
+int64_t int_packed_bytes(int bits, int64_t k, int64_t n);
+void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, int64_t group, const float* scales,
+              const float* mins, const float* bias, int64_t n, int isa, float* out);
+// W8A8: rows of x quantized to int8, symmetric (scale = max|x| / 127, round to nearest even).
+void quantize_rows_int8(const float* x, int64_t m, int64_t k, int8_t* q, float* scale);
+
 // layernorm.cc
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t h, float* out);
 // residual += x; x = rms_norm(residual) * weight.

@@ -93,7 +93,7 @@ def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -
     name = getattr(model_config, "quantization", None)
     if name is None:
         return {}
-    from fastdeploy.model_executor.layers.quantization import get_quantization_config
+    from fastdeploy.model_executor.layers.quantization import checkpoint_quant_config, get_quantization_config
 
     if "quant_config" not in inspect.signature(model_cls.__init__).parameters:
         raise ValueError(f"quantization={name!r} is not built for {model_cls.__name__}; "
@@ -101,7 +101,8 @@ def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -
     if load_format == "dummy":
         raise ValueError(f"quantization={name!r} loads its weights from the checkpoint; load_format='dummy' "
                          "has none to keep.")
-    quant_config = get_quantization_config(name).from_config({})
+    checkpoint_config = checkpoint_quant_config(getattr(model_config, "hf_config", None))
+    quant_config = get_quantization_config(name).from_config(checkpoint_config)
     logger.info("Quantization: %s.", quant_config)
     return {"quant_config": quant_config}
 
