@@ -97,7 +97,11 @@ class CheckpointInt4Method(IntLinearMethod):
         if not shards:
             raise ValueError(f"{type(layer).__name__}: the {self.fmt} checkpoint has no {name}.")
         parts = [shards[s] for s in sorted(shards)]
-        return parts[0] if len(parts) == 1 or axis < 0 else np.concatenate(parts, axis=axis)
+        if axis < 0:  # one per input row, the same for every shard (they share the input)
+            if any(not np.array_equal(p, parts[0]) for p in parts[1:]):
+                raise ValueError(f"{type(layer).__name__}: the shards' {name} differ; a fused layer needs one.")
+            return parts[0]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
     def quantize(self, layer: LinearBase) -> tuple[np.ndarray, ...]:
         k, n = layer.input_size, layer.output_size

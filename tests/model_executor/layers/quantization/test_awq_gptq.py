@@ -43,7 +43,7 @@ def build(tmp_path, fmt, desc_act=False):
 
     ref_dir = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "ref")
     tensors = load_file(os.path.join(ref_dir, "model.safetensors"))
-    quant = {}
+    quant, orders = {}, {}
     for name, w in list(tensors.items()):
         if not any(f"{p}.weight" in name for p in PROJ):
             quant[name] = w
@@ -53,8 +53,11 @@ def build(tmp_path, fmt, desc_act=False):
         q = rng.integers(0, 16, (in_f, out_f), dtype=np.uint8)
         zeros = rng.integers(1, 16, (groups, out_f), dtype=np.uint8)
         scales = (rng.uniform(0.5, 1.5, (groups, out_f)) * 0.01).astype(np.float16)
-        # GPTQ with desc_act: input rows in activation order, each group a scattered set of rows.
-        g_idx = (rng.permutation(in_f) // GROUP if desc_act else np.arange(in_f) // GROUP).astype(np.int32)
+        # GPTQ with desc_act: input rows in activation order, each group a scattered set of rows; the
+        # order comes from the layer input's statistics, so projections of one input (q/k/v, gate/up) share it.
+        inputs = name.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace("up_proj", "gate_proj")
+        g_idx = orders.setdefault(inputs, (rng.permutation(in_f) // GROUP if desc_act else np.arange(in_f) // GROUP)
+                                  .astype(np.int32))
         deq = scales.astype(np.float32)[g_idx] * (q.astype(np.float32) - zeros.astype(np.float32)[g_idx])
         tensors[name] = np.ascontiguousarray(deq.T)
         base = name[: -len(".weight")]
