@@ -70,3 +70,33 @@ def test_without_the_kernels_the_methods_are_refused():
                 config()
         with pytest.raises(RuntimeError, match=r"quantization='w8a8' needs the C\+\+ kernels"):
             W8A8Config()
+
+
+@pytest.fixture(scope="module")
+def hf_folder():
+    """The default model as a Hugging Face folder (benchmarks/compare_vllm.py converts it once, cached)."""
+    import importlib.util
+    import os
+
+    from fastdeploy import envs
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "benchmarks", "compare_vllm.py")
+    spec = importlib.util.spec_from_file_location("compare_vllm", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ensure_hf_model(envs.cache_root())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_the_default_model_quantized_at_load_is_batch_invariant(hf_folder, method):
+    """Each prompt's greedy tokens are the same alone and batched with the others (LLM end to end)."""
+    from fastdeploy import LLM, SamplingParams
+
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "Water boils at",
+               "1, 2, 3, 4,", "The quick brown fox"]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    llm = LLM(model=hf_folder, quantization=method, max_model_len=512, kv_cache_memory_bytes=64 << 20)
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    alone = [llm.generate(p, params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert together == alone
