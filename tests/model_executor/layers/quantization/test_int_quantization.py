@@ -77,12 +77,14 @@ def hf_folder():
     """The default model as a Hugging Face folder (benchmarks/compare_vllm.py converts it once, cached)."""
     import importlib.util
     import os
+    import sys
 
     from fastdeploy import envs
 
     path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "benchmarks", "compare_vllm.py")
     spec = importlib.util.spec_from_file_location("compare_vllm", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("compare_vllm", module)  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module.ensure_hf_model(envs.cache_root())
 
