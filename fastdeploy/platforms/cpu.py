@@ -70,12 +70,45 @@ def gguf_kernel_path() -> str:
     return wanted
 
 
+def int_kernel_paths() -> list[str]:
+    """The integer-weight kernel paths this CPU can run, best first (csrc/cpu/int_gemm.cc)."""
+    flags = cpu_flags()
+    paths = ["avx512"] if {"avx512f", "avx512bw"} <= flags else []
+    return paths + (["avx2"] if cpu_has_avx2_fma() else []) + ["scalar"]
+
+
+def int_kernel_path() -> str:
+    """The integer-weight kernel path: FD_CPU_INT_KERNEL when set, else the best this CPU runs.
+
+    Raises:
+        ValueError: FD_CPU_INT_KERNEL names a path this CPU cannot run.
+    """
+    wanted, paths = envs.cpu_int_kernel(), int_kernel_paths()
+    if wanted == "auto":
+        return paths[0]
+    if wanted not in paths:
+        raise ValueError(f"FD_CPU_INT_KERNEL={wanted} cannot run on this CPU; it runs: {', '.join(paths)}.")
+    return wanted
+
+
+def w8a8_kernel(built: set[str]) -> tuple[str, int]:
+    """(W8A8 path, largest |int8 weight|): oneDNN's int8 matmul where it was built (jit-compiled for
+    AVX2 and AVX-512), portable C++ under FD_CPU_INT_KERNEL=scalar or without oneDNN.
+
+    Without VNNI oneDNN multiplies u8 x s8 with ``vpmaddubsw``, whose int16 pair sums saturate for
+    8-bit activations times 8-bit weights: the weights keep 7 bits there.
+    """
+    if "fd_w8a8_linear" in built and int_kernel_path() != "scalar":
+        vnni = bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+        return "onednn", 127 if vnni else 63
+    return ("scalar", 127) if "fd_w8a8_linear_portable" in built else ("paddle", 127)
+
+
 class CpuPlatform(Platform):
     _enum = PlatformEnum.CPU
     device_name = "cpu"
     device_type = "cpu"
     dist_backend = "gloo"
-    supported_quantization: list[str] = ["gguf"]
     # FastDeploy's GPU-only formats: refused by name, never emulated on a slower path.
     unsupported_quantization: dict[str, str] = {
         "w4a8": "W4A8 (int4 weights x int8 activations) runs on FastDeploy's GPU tensor-core GEMMs only; "
@@ -84,6 +117,13 @@ class CpuPlatform(Platform):
         "wint2": "W2A16 (wint2) runs on FastDeploy's GPU 2-bit weight kernels only; no CPU kernel is built for it",
         "w2a16": "W2A16 (FastDeploy's wint2) runs on GPU 2-bit weight kernels only; no CPU kernel is built for it",
     }
+
+    @property
+    def supported_quantization(self) -> list[str]:  # type: ignore[override]
+        """Every registered ``--quantization`` method (each one's kernels are checked when it is built)."""
+        from fastdeploy.model_executor.layers.quantization import get_quantization_methods
+
+        return get_quantization_methods()
 
     def is_available(self) -> bool:
         return True
@@ -171,6 +211,7 @@ class CpuPlatform(Platform):
             attn_backend_cls = self.get_attn_backend_cls()
             attention = attn_backend_cls == CPU_ATTN_BACKEND
             isa = "avx512" if cpu_has_avx512() else "avx2"
+            w8a8, w8a8_weight_max = w8a8_kernel(built)
             self._op_backend = OpBackend(
                 # linear.cc builds the panel kernel on AVX2 CPUs without bf16 units, oneDNN elsewhere.
                 linear=("panel" if bf16_linear_path() == "panel" else "onednn") if "fd_linear" in built else "paddle",
@@ -184,6 +225,9 @@ class CpuPlatform(Platform):
                 decoder_layer="fd_decoder_layer" in built,
                 isa=cpu_isa() if built else "",
                 gguf=gguf_kernel_path() if {"fd_gguf_linear", "fd_gguf_embedding"} <= built else "paddle",
+                int_gemm=int_kernel_path() if "fd_int_linear" in built else "paddle",
+                w8a8=w8a8,
+                w8a8_weight_max=w8a8_weight_max,
             )
         return self._op_backend
 

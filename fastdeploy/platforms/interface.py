@@ -50,6 +50,13 @@ class OpBackend:
     # GGUF block kernels (--quantization gguf, csrc/cpu/gguf_gemm.cc): "avx512-vnni", "avx2", "scalar"
     # or "paddle" (not built: the format is refused).
     gguf: str = "paddle"
+    # Integer weight kernels (wint8 / wint4 / awq / gptq, csrc/cpu/int_gemm.cc): "avx512", "avx2", "scalar"
+    # or "paddle" (not built: the formats are refused).
+    int_gemm: str = "paddle"
+    # W8A8: "onednn" (oneDNN's int8 matmul, csrc/cpu/linear.cc), "scalar" (portable C++) or "paddle" (refused);
+    # w8a8_weight_max: the largest |int8 weight|, 63 where the CPU has no VNNI (vpmaddubsw saturates int16).
+    w8a8: str = "paddle"
+    w8a8_weight_max: int = 127
 
     def uses_kernel(self, op: str) -> bool:
         """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention", "fused_moe") runs our kernel."""

@@ -136,3 +136,27 @@ def test_fd_cpu_gguf_kernel_picks_the_gguf_path(monkeypatch):
     monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx512-vnni")
     with pytest.raises(ValueError, match="FD_CPU_GGUF_KERNEL=avx512-vnni cannot run on this CPU; it runs: avx2, scalar"):
         gguf_kernel_path()
+
+
+def test_fd_cpu_int_kernel_picks_the_integer_paths(monkeypatch):
+    import fastdeploy.platforms.cpu as cpu
+
+    paths = cpu.int_kernel_paths()
+    assert paths[-1] == "scalar" and cpu.int_kernel_path() == paths[0]
+    built = {"fd_int_linear", "fd_w8a8_linear", "fd_w8a8_linear_portable"}
+    assert cpu.w8a8_kernel(built)[0] == "onednn" and cpu.w8a8_kernel(built - {"fd_w8a8_linear"})[0] == "scalar"
+    for path in paths:
+        monkeypatch.setenv("FD_CPU_INT_KERNEL", path)
+        assert cpu.int_kernel_path() == path
+    assert cpu.w8a8_kernel(built) == ("scalar", 127)  # FD_CPU_INT_KERNEL=scalar: the portable W8A8 too
+    monkeypatch.setenv("FD_CPU_INT_KERNEL", "avx9")
+    with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL must be auto, avx512, avx2 or scalar"):
+        cpu.int_kernel_path()
+    # An AVX2-only CPU (made up, whatever CPU runs the test): no AVX-512 path, and 7-bit W8A8 weights without VNNI.
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    monkeypatch.setattr(cpu, "cpu_has_avx2_fma", lambda: True)
+    monkeypatch.setenv("FD_CPU_INT_KERNEL", "auto")
+    assert cpu.int_kernel_paths() == ["avx2", "scalar"] and cpu.w8a8_kernel(built) == ("onednn", 63)
+    monkeypatch.setenv("FD_CPU_INT_KERNEL", "avx512")
+    with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL=avx512 cannot run on this CPU; it runs: avx2, scalar"):
+        cpu.int_kernel_path()

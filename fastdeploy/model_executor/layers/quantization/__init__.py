@@ -3,9 +3,12 @@
 Without ``--quantization`` every layer runs :class:`~fastdeploy.model_executor.layers.linear.UnquantizedLinearMethod`;
 the platform refuses a ``--quantization`` it does not list (``Platform.supported_quantization``).
 A format registers its :class:`QuantizationConfig` with :func:`register_quantization_config`.
-Built: ``gguf`` (:mod:`.gguf`, GGUF files served in their own blocks; a GGUF file's default, as in vLLM).
+Built: ``gguf`` (:mod:`.gguf`, GGUF files served in their own blocks; a GGUF file's default, as in vLLM),
+``wint8`` / ``wint4`` (:mod:`.weight_only`, W8A16 / W4A16 quantized at load), ``w8a8`` (:mod:`.w8a8`),
+``awq`` / ``gptq`` (:mod:`.awq_gptq`, 4-bit checkpoints, chosen by their ``quantization_config``).
 ``none`` (:data:`NO_QUANTIZATION`) asks for no method at all: a GGUF file is then dequantized at load.
-Which method a model gets is decided once at start-up (:mod:`.selection`).
+Which method a model gets is decided once at start-up (:mod:`.selection`). The registry is the one
+list of methods: the CPU platform supports what is registered here.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ from fastdeploy.model_executor.layers.quantization.base_config import Quantizati
 
 _QUANTIZATION_CONFIGS: dict[str, type[QuantizationConfig]] = {}
 # The formats of this package, imported on first use: they import the layers, which import this package.
-_BUILTIN_MODULES = ("fastdeploy.model_executor.layers.quantization.gguf",)
+_BUILTIN_MODULES = (
+    "fastdeploy.model_executor.layers.quantization.gguf",
+    "fastdeploy.model_executor.layers.quantization.weight_only",
+    "fastdeploy.model_executor.layers.quantization.w8a8",
+    "fastdeploy.model_executor.layers.quantization.awq_gptq",
+)
 _builtins_loaded = False
 # --quantization none: no method, whatever the checkpoint would default to (a GGUF file is dequantized at load).
 NO_QUANTIZATION = "none"

@@ -1,0 +1,322 @@
+// Integer weights of a bf16/fp32 checkpoint quantized at load (wint8 / wint4) or stored
+// quantized (AWQ / GPTQ), multiplied with fp32 activations: W8A16 and W4A16.
+//
+// The weights stay integers in memory (a quarter or an eighth of fp32's bytes, which is what
+// a decode step reads) and are widened to fp32 in registers, 16 output columns at a time; the
+// multiply-adds are fp32 FMAs. Layouts and the arithmetic: int_gemm_impl.h.
+//
+// Three paths over that one template: "avx512" (one 512-bit register per 16 columns), "avx2"
+// (two 256-bit ones) and "scalar" (portable C++). Each is compiled for its own instructions
+// (`#pragma GCC target`) whatever CPU builds the library; the platform picks one at start-up
+// (fastdeploy/platforms/cpu.py, FD_CPU_INT_KERNEL) and the op refuses a path the CPU cannot run.
+//
+// Also here: the portable path of W8A8 (int8 activations x int8 weights, int32 sums), used
+// where oneDNN's int8 matmul (int_gemm_onednn.cc) is not.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu_utils.h"
+#include "kernels.h"
+
+namespace fastdeploy_cpu {
+
+namespace {
+
+// One call's operands (see int_gemm_impl.h for the layouts).
+struct IntGemmArgs {
+  const float* x;     // [m, k]
+  const float* xsum;  // [m, groups]: sum of x over each group (int4)
+  int64_t m, k, n, groups, group;
+  int bits;
+  const uint8_t* w;
+  const float* scales;
+  const float* mins;
+  const float* bias;
+  float* out;  // [m, n]
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ scalar path
+
+namespace int_scalar {
+
+struct Ops {
+  struct F {
+    float v[16];
+  };
+  static F zero() { return F{}; }
+  static F splat(float s) {
+    F r;
+    for (float& f : r.v) f = s;
+    return r;
+  }
+  static F load(const float* p) {
+    F r;
+    std::memcpy(r.v, p, sizeof(r.v));
+    return r;
+  }
+  static void store(const F& a, float* p) { std::memcpy(p, a.v, sizeof(a.v)); }
+  static F i8(const int8_t* p) {
+    F r;
+    for (int i = 0; i < 16; ++i) r.v[i] = static_cast<float>(p[i]);
+    return r;
+  }
+  static void u4(const uint8_t* p, F& lo, F& hi) {
+    for (int i = 0; i < 16; ++i) {
+      lo.v[i] = static_cast<float>(p[i] & 15);
+      hi.v[i] = static_cast<float>(p[i] >> 4);
+    }
+  }
+  static F fma(const F& a, const F& b, F c) {
+    for (int i = 0; i < 16; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+    return c;
+  }
+  static F mul(F a, const F& b) {
+    for (int i = 0; i < 16; ++i) a.v[i] *= b.v[i];
+    return a;
+  }
+};
+
+#include "int_gemm_impl.h"
+
+}  // namespace int_scalar
+
+// ------------------------------------------------------------------------ AVX2 + FMA path
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace int_avx2 {
+
+struct Ops {
+  struct F {
+    __m256 a, b;
+  };
+  static F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static F splat(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
+  static F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static void store(const F& v, float* p) {
+    _mm256_storeu_ps(p, v.a);
+    _mm256_storeu_ps(p + 8, v.b);
+  }
+  static __m256 cvt8(__m128i bytes8, bool is_signed) {
+    return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes8) : _mm256_cvtepu8_epi32(bytes8));
+  }
+  static F i8(const int8_t* p) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {cvt8(raw, true), cvt8(_mm_srli_si128(raw, 8), true)};
+  }
+  static void u4(const uint8_t* p, F& lo, F& hi) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i l = _mm_and_si128(raw, _mm_set1_epi8(15));
+    const __m128i h = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
+    lo = {cvt8(l, false), cvt8(_mm_srli_si128(l, 8), false)};
+    hi = {cvt8(h, false), cvt8(_mm_srli_si128(h, 8), false)};
+  }
+  static F fma(const F& x, const F& y, const F& c) { return {_mm256_fmadd_ps(x.a, y.a, c.a), _mm256_fmadd_ps(x.b, y.b, c.b)}; }
+  static F mul(const F& x, const F& y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+};
+
+#include "int_gemm_impl.h"
+
+}  // namespace int_avx2
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------------------ AVX-512 path
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl")
+namespace int_avx512 {
+
+struct Ops {
+  using F = __m512;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F splat(float s) { return _mm512_set1_ps(s); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(F v, float* p) { _mm512_storeu_ps(p, v); }
+  static F i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static void u4(const uint8_t* p, F& lo, F& hi) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
+    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+  }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+};
+
+#include "int_gemm_impl.h"
+
+}  // namespace int_avx512
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------------------ entry points
+
+namespace {
+
+bool int_isa_supported(int isa) {
+  __builtin_cpu_init();
+  switch (isa) {
+    case kIntScalar: return true;
+    case kIntAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case kIntAvx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    default: return false;
+  }
+}
+
+}  // namespace
+
+int64_t int_packed_bytes(int bits, int64_t k, int64_t n) {
+  const int64_t panels = (n + kIntPanel - 1) / kIntPanel;
+  return bits == 8 ? panels * k * kIntPanel : panels * (k / 2) * kIntPanel;
+}
+
+void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, int64_t group, const float* scales,
+              const float* mins, const float* bias, int64_t n, int isa, float* out) {
+  if (m == 0 || n == 0) return;
+  PD_CHECK(int_isa_supported(isa), "fd_int_linear: this CPU cannot run kernel path " + std::to_string(isa) + ".");
+  const int64_t groups = bits == 4 ? (k + group - 1) / group : 1;
+  thread_local std::vector<float> xsum_buf;
+  xsum_buf.assign(bits == 4 ? m * groups : 0, 0.0f);
+  // Sum of each group's activations, left to right (the min term of int4 weights).
+  for (int64_t r = 0; r < m && bits == 4; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int64_t i = g * group; i < std::min(k, (g + 1) * group); ++i) s += x[r * k + i];
+      xsum_buf[r * groups + g] = s;
+    }
+  }
+  const IntGemmArgs args{x, xsum_buf.data(), m, k, n, groups, group, bits, w, scales, mins, bias, out};
+  // Each thread takes a contiguous range of panels: the weights are read once in all, and which
+  // thread computes a column changes nothing in it.
+  const int64_t panels = (n + kIntPanel - 1) / kIntPanel;
+  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, panels / 4)));
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t pb = panels * t / nt, pe = panels * (t + 1) / nt;
+    if (pb < pe) {
+      switch (isa) {
+        case kIntAvx512: int_avx512::panels(args, pb, pe); break;
+        case kIntAvx2: int_avx2::panels(args, pb, pe); break;
+        default: int_scalar::panels(args, pb, pe); break;
+      }
+    }
+  }
+}
+
+void quantize_rows_int8(const float* x, int64_t m, int64_t k, int8_t* q, float* scale) {
+#pragma omp parallel for schedule(static) if (m >= 16)
+  for (int64_t r = 0; r < m; ++r) {
+    const float* row = x + r * k;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(row[i]));
+    const float d = amax / 127.0f;
+    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t i = 0; i < k; ++i) q[r * k + i] = static_cast<int8_t>(std::nearbyint(row[i] * inv));
+    scale[r] = d;
+  }
+}
+
+void w8a8_gemm_portable(const int8_t* q, const float* xscale, int64_t m, int64_t k, const int8_t* w_nk,
+                        const float* wscale, const float* bias, int64_t n, float* out) {
+#pragma omp parallel for schedule(static) if (m * n >= 4096)
+  for (int64_t c = 0; c < n; ++c) {
+    const int8_t* wc = w_nk + c * k;
+    for (int64_t r = 0; r < m; ++r) {
+      const int8_t* xr = q + r * k;
+      int32_t acc = 0;
+      for (int64_t i = 0; i < k; ++i) acc += static_cast<int32_t>(xr[i]) * wc[i];
+      out[r * n + c] = static_cast<float>(acc) * wscale[c] * xscale[r] + (bias != nullptr ? bias[c] : 0.0f);
+    }
+  }
+}
+
+}  // namespace fastdeploy_cpu
+
+namespace {
+
+const float* optional_bias(const paddle::optional<paddle::Tensor>& bias, int64_t n, const char* op) {
+  if (!bias.is_initialized()) return nullptr;
+  fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
+  PD_CHECK(bias->numel() == n, std::string(op) + ": bias must have N elements.");
+  return bias->data<float>();
+}
+
+}  // namespace
+
+// x [..., K] float32, qweight uint8 (int_gemm_impl.h's layout), scales (and mins, int4) float32,
+// optional bias [N] -> [..., N] float32.
+std::vector<paddle::Tensor> IntLinear(const paddle::Tensor& x, const paddle::Tensor& qweight,
+                                      const paddle::Tensor& scales, const paddle::optional<paddle::Tensor>& mins,
+                                      const paddle::optional<paddle::Tensor>& bias, int64_t n, int bits,
+                                      int64_t group, int isa) {
+  fastdeploy_cpu::check_cpu_contiguous(x, "x");
+  fastdeploy_cpu::check_cpu_contiguous(qweight, "qweight");
+  fastdeploy_cpu::check_cpu_contiguous(scales, "scales");
+  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
+  const auto& shape = x.shape();
+  PD_CHECK(!shape.empty(), "fd_int_linear: x must have at least one dimension.");
+  const int64_t k = shape.back();
+  const int64_t m = k ? x.numel() / k : 0;
+  PD_CHECK(bits == 8 || bits == 4, "fd_int_linear: bits must be 8 or 4.");
+  PD_CHECK(bits == 8 || (k % 2 == 0 && group > 0 && group % 2 == 0), "fd_int_linear: int4 needs an even K and group.");
+  PD_CHECK(qweight.numel() == fastdeploy_cpu::int_packed_bytes(bits, k, n),
+           "fd_int_linear: qweight does not match [K, N] = [" + std::to_string(k) + ", " + std::to_string(n) + "].");
+  const int64_t panels = (n + fastdeploy_cpu::kIntPanel - 1) / fastdeploy_cpu::kIntPanel;
+  const int64_t groups = bits == 4 ? (k + group - 1) / group : 1;
+  PD_CHECK(scales.numel() == panels * groups * fastdeploy_cpu::kIntPanel, "fd_int_linear: scales have the wrong size.");
+  const float* mins_data = nullptr;
+  if (bits == 4) {
+    PD_CHECK(mins.is_initialized() && mins->numel() == scales.numel(), "fd_int_linear: int4 needs mins like scales.");
+    fastdeploy_cpu::check_cpu_contiguous(*mins, "mins");
+    mins_data = mins->data<float>();
+  }
+  std::vector<int64_t> out_shape(shape.begin(), shape.end());
+  out_shape.back() = n;
+  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  fastdeploy_cpu::int_gemm(x.data<float>(), m, k, qweight.data<uint8_t>(), bits, group, scales.data<float>(),
+                           mins_data, optional_bias(bias, n, "fd_int_linear"), n, isa, out.data<float>());
+  return {out};
+}
+
+PD_BUILD_OP(fd_int_linear)
+    .Inputs({"x", "qweight", "scales", paddle::Optional("mins"), paddle::Optional("bias")})
+    .Outputs({"out"})
+    .Attrs({"n: int64_t", "bits: int", "group: int64_t", "isa: int"})
+    .SetKernelFn(PD_KERNEL(IntLinear));
+
+// The portable W8A8 path: x [..., K] float32, weight int8 [N, K], wscale [N] -> [..., N] float32.
+std::vector<paddle::Tensor> W8A8LinearPortable(const paddle::Tensor& x, const paddle::Tensor& weight,
+                                               const paddle::Tensor& wscale,
+                                               const paddle::optional<paddle::Tensor>& bias) {
+  fastdeploy_cpu::check_cpu_contiguous(x, "x");
+  fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
+  fastdeploy_cpu::check_dtype(weight, paddle::DataType::INT8, "weight");
+  const auto& shape = x.shape();
+  const int64_t k = shape.back(), n = weight.shape()[0];
+  const int64_t m = k ? x.numel() / k : 0;
+  PD_CHECK(weight.shape().size() == 2 && weight.shape()[1] == k, "fd_w8a8_linear_portable: weight must be [N, K].");
+  PD_CHECK(wscale.numel() == n, "fd_w8a8_linear_portable: wscale must have N elements.");
+  std::vector<int64_t> out_shape(shape.begin(), shape.end());
+  out_shape.back() = n;
+  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  std::vector<int8_t> q(m * k);
+  std::vector<float> xs(m);
+  fastdeploy_cpu::quantize_rows_int8(x.data<float>(), m, k, q.data(), xs.data());
+  fastdeploy_cpu::w8a8_gemm_portable(q.data(), xs.data(), m, k, weight.data<int8_t>(), wscale.data<float>(),
+                                     optional_bias(bias, n, "fd_w8a8_linear_portable"), n, out.data<float>());
+  return {out};
+}
+
+PD_BUILD_OP(fd_w8a8_linear_portable)
+    .Inputs({"x", "weight", "wscale", paddle::Optional("bias")})
+    .Outputs({"out"})
+    .SetKernelFn(PD_KERNEL(W8A8LinearPortable));

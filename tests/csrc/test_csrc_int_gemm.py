@@ -1,0 +1,142 @@
+"""fd_int_linear (csrc/cpu/int_gemm.cc) and the W8A8 ops against reference dequantization + fp64 matmul.
+
+Every path this CPU runs (FD_CPU_INT_KERNEL's names) is checked: every row-tile height and
+remainder, a column count off the 16-column panel, a part-filled last int4 group, a bias; and
+every row's result must not depend on the rest of the batch (bit for bit).
+"""
+
+import numpy as np
+import paddle
+import pytest
+
+from fastdeploy import _custom_ops as ops
+from fastdeploy.model_executor.layers.quantization.int_kernels import (
+    KERNEL_PATHS,
+    pack_int4,
+    pack_int8,
+    quantize_int4,
+    quantize_int8,
+    unpack_int4,
+    unpack_int8,
+)
+from fastdeploy.platforms.cpu import int_kernel_paths
+
+rng = np.random.default_rng(0)
+PATHS = int_kernel_paths()
+# K = 320: two full groups of 128 and a part-filled one of 64; N = 37: two panels and a remainder.
+K, N = 320, 37
+ROWS = (1, 2, 3, 4, 5, 7, 16, 33)
+
+
+def int_linear(x, packed, bits, path, bias=None, group=128, n=N):
+    t = [paddle.to_tensor(a) for a in packed]
+    mins = t[2] if bits == 4 else None
+    b = None if bias is None else paddle.to_tensor(bias)
+    return ops.int_linear(paddle.to_tensor(x), t[0], t[1], mins, b, n, bits, group, KERNEL_PATHS[path]).numpy()
+
+
+def weights(bits, k=K, n=N, group=128):
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    if bits == 8:
+        q, s = quantize_int8(w)
+        return pack_int8(q, s), q.astype(np.float64) * s
+    iw = quantize_int4(w, group)
+    return pack_int4(iw), iw.dequantize().astype(np.float64)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bits", [8, 4])
+def test_matches_dequantized_weights_times_fp32_activations(bits, path):
+    packed, wd = weights(bits)
+    bias = rng.standard_normal(N).astype(np.float32)
+    for m in ROWS:
+        x = rng.standard_normal((m, K)).astype(np.float32)
+        got = int_linear(x, packed, bits, path, bias)
+        want = x.astype(np.float64) @ wd + bias
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max(), err_msg=f"M={m}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bits", [8, 4])
+def test_each_row_is_independent_of_the_batch(bits, path):
+    packed, _ = weights(bits)
+    x = rng.standard_normal((33, K)).astype(np.float32)
+    together = int_linear(x, packed, bits, path)
+    alone = np.concatenate([int_linear(x[i : i + 1], packed, bits, path) for i in range(len(x))])
+    np.testing.assert_array_equal(together, alone)
+
+
+def test_the_paths_agree_and_pack_unpack_round_trips():
+    for bits in (8, 4):
+        packed, wd = weights(bits)
+        x = rng.standard_normal((6, K)).astype(np.float32)
+        outs = [int_linear(x, packed, bits, p) for p in PATHS]
+        for o in outs[1:]:
+            np.testing.assert_allclose(o, outs[0], rtol=0, atol=1e-5 * np.abs(outs[0]).max())
+        dense = unpack_int8(*packed, K, N) if bits == 8 else unpack_int4(*packed, K, N, 128)
+        np.testing.assert_allclose(dense, wd, rtol=0, atol=1e-6)
+
+
+def test_quantization_error_is_within_half_a_step():
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    q, s = quantize_int8(w)
+    assert np.abs(q * s - w).max() <= s.max() / 2 * 1.0001
+    iw = quantize_int4(w, 128)
+    g = np.arange(K) // 128
+    assert iw.q.max() <= 15 and np.all(np.abs(iw.dequantize() - w) <= iw.scales[g] / 2 * 1.0001 + 1e-7)
+    # A part-filled last group takes its range from its own 64 rows only.
+    np.testing.assert_allclose(iw.scales[2], (w[256:].max(0).clip(0) - w[256:].min(0).clip(max=0)) / 15, rtol=1e-6)
+
+
+def test_bad_operands_are_refused():
+    packed, _ = weights(4)
+    x = rng.standard_normal((2, K)).astype(np.float32)
+    with pytest.raises(Exception, match="qweight does not match"):
+        int_linear(x[:, :-2], packed, 4, "scalar")
+    with pytest.raises(Exception, match="int4 needs mins"):
+        t = [paddle.to_tensor(a) for a in packed]
+        ops.int_linear(paddle.to_tensor(x), t[0], t[1], None, None, N, 4, 128, 0)
+
+
+# ---------------------------------------------------------------------------------------- W8A8
+
+
+def quantize_rows(x):
+    """The kernel's per-token activation quantization: scale max|x| / 127, nearest (ties to even)."""
+    d = (np.abs(x).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    return np.rint(x * inv), d
+
+
+W8A8_PATHS = ["onednn", "scalar"]
+
+
+def w8a8(x, q, s, path, bias=None):
+    b = None if bias is None else paddle.to_tensor(bias)
+    if path == "onednn":
+        return ops.w8a8_linear(paddle.to_tensor(x), ops.w8a8_pack(paddle.to_tensor(q)), paddle.to_tensor(s), b,
+                               q.shape[1]).numpy()
+    return ops.w8a8_linear_portable(paddle.to_tensor(x), paddle.to_tensor(np.ascontiguousarray(q.T)),
+                                    paddle.to_tensor(s), b).numpy()
+
+
+@pytest.mark.parametrize("path", W8A8_PATHS)
+def test_w8a8_is_exact_integer_sums_times_the_scales(path):
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    q, s = quantize_int8(w)
+    bias = rng.standard_normal(N).astype(np.float32)
+    for m in ROWS:
+        x = rng.standard_normal((m, K)).astype(np.float32)
+        qx, dx = quantize_rows(x)
+        want = (qx.astype(np.float64) @ q.astype(np.float64)) * s * dx + bias
+        got = w8a8(x, q, s, path, bias)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max(), err_msg=f"M={m}")
+
+
+@pytest.mark.parametrize("path", W8A8_PATHS)
+def test_w8a8_rows_are_independent_of_the_batch(path):
+    q, s = quantize_int8(rng.standard_normal((K, N)).astype(np.float32))
+    x = rng.standard_normal((17, K)).astype(np.float32)
+    together = w8a8(x, q, s, path)
+    alone = np.concatenate([w8a8(x[i : i + 1], q, s, path) for i in range(len(x))])
+    np.testing.assert_array_equal(together, alone)

@@ -1,0 +1,123 @@
+"""--quantization awq / gptq: 4-bit checkpoints in AutoAWQ's and AutoGPTQ's layouts, chosen by config.json.
+
+The checkpoints are a tiny transformers Llama whose projections are replaced by random 4-bit
+weights packed here exactly as those tools store them (written out below, independent of the
+loader's unpacking); the reference is the same model with the dequantized weights in fp32.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+GROUP = 32
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ: nibble i of a word holds column AWQ_ORDER[i] of its 8
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+rng = np.random.default_rng(0)
+
+
+def pack_cols(v, order=range(8)):
+    """[R, C] values 0..15 -> int32 [R, C/8], word j's nibble i = column 8 j + order[i]."""
+    r, c = v.shape
+    words = np.zeros((r, c // 8), dtype=np.uint32)
+    for j in range(c // 8):
+        for i, col in enumerate(order):
+            words[:, j] |= v[:, 8 * j + col].astype(np.uint32) << np.uint32(4 * i)
+    return words.view(np.int32)
+
+
+def pack_rows(v):
+    """[R, C] values 0..15 -> int32 [R/8, C], word i's nibble j = row 8 i + j (AutoGPTQ's qweight)."""
+    words = np.zeros((v.shape[0] // 8, v.shape[1]), dtype=np.uint32)
+    for j in range(8):
+        words |= v[j::8].astype(np.uint32) << np.uint32(4 * j)
+    return words.view(np.int32)
+
+
+def build(tmp_path, fmt, desc_act=False):
+    """(quantized checkpoint folder, reference fp32 folder) of a tiny Llama."""
+    from safetensors.numpy import load_file, save_file
+
+    from tests.model_executor.utils import build_tiny_checkpoint
+
+    ref_dir = build_tiny_checkpoint("LlamaForCausalLM", tmp_path / "ref")
+    tensors = load_file(os.path.join(ref_dir, "model.safetensors"))
+    quant, orders = {}, {}
+    for name, w in list(tensors.items()):
+        if not any(f"{p}.weight" in name for p in PROJ):
+            quant[name] = w
+            continue
+        out_f, in_f = w.shape
+        groups = in_f // GROUP
+        q = rng.integers(0, 16, (in_f, out_f), dtype=np.uint8)
+        zeros = rng.integers(1, 16, (groups, out_f), dtype=np.uint8)
+        scales = (rng.uniform(0.5, 1.5, (groups, out_f)) * 0.01).astype(np.float16)
+        # GPTQ with desc_act: input rows in activation order, each group a scattered set of rows; the
+        # order comes from the layer input's statistics, so projections of one input (q/k/v, gate/up) share it.
+        inputs = name.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace("up_proj", "gate_proj")
+        g_idx = orders.setdefault(inputs, (rng.permutation(in_f) // GROUP if desc_act else np.arange(in_f) // GROUP)
+                                  .astype(np.int32))
+        deq = scales.astype(np.float32)[g_idx] * (q.astype(np.float32) - zeros.astype(np.float32)[g_idx])
+        tensors[name] = np.ascontiguousarray(deq.T)
+        base = name[: -len(".weight")]
+        quant[f"{base}.scales"] = scales
+        if fmt == "awq":
+            quant[f"{base}.qweight"] = pack_cols(q, AWQ_ORDER)
+            quant[f"{base}.qzeros"] = pack_cols(zeros, AWQ_ORDER)
+        else:
+            quant[f"{base}.qweight"] = pack_rows(q)
+            quant[f"{base}.qzeros"] = pack_cols(zeros - 1)  # GPTQ stores zero - 1
+            quant[f"{base}.g_idx"] = g_idx
+    save_file(tensors, os.path.join(ref_dir, "model.safetensors"))
+    q_dir = tmp_path / fmt
+    q_dir.mkdir()
+    save_file(quant, str(q_dir / "model.safetensors"))
+    config = json.load(open(os.path.join(ref_dir, "config.json")))
+    config["quantization_config"] = (
+        {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"}
+        if fmt == "awq" else {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": desc_act, "sym": False})
+    json.dump(config, open(q_dir / "config.json", "w"))
+    return str(q_dir), ref_dir
+
+
+@pytest.mark.parametrize("fmt,desc_act", [("awq", False), ("gptq", False), ("gptq", True)])
+def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantization(tmp_path, fmt, desc_act):
+    from fastdeploy.config import ModelConfig
+    from fastdeploy.model_executor.model_loader import get_model
+    from tests.model_executor.utils import load_our_model, prefill_logits
+
+    q_dir, ref_dir = build(tmp_path, fmt, desc_act)
+    config = ModelConfig(model=q_dir, dtype="float32")
+    assert config.quantization == fmt  # from config.json, as vLLM
+    model = get_model(config)
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.weight is None and qkv.qweight.dtype.name == "UINT8"
+    ref_model = load_our_model(ref_dir)
+    dense = ref_model.model.layers[0].self_attn.qkv_proj.dense_weight().numpy()
+    if desc_act:  # our rows are sorted by group once at load
+        dense = dense[qkv._int_perm.numpy()]
+    np.testing.assert_allclose(qkv.dense_weight().numpy(), dense, rtol=0, atol=1e-6)
+    prompt = [3, 17, 42, 5, 99, 64, 7, 1, 250, 33]
+    got, want = prefill_logits(model, prompt), prefill_logits(ref_model, prompt)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_mismatched_or_unknown_method_is_refused(tmp_path):
+    from fastdeploy.config import ModelConfig
+
+    q_dir, _ = build(tmp_path, "awq")
+    with pytest.raises(ValueError, match=r"model config \(awq\) does not match .* argument \(gptq\)"):
+        ModelConfig(model=q_dir, quantization="gptq")
+    config = json.load(open(os.path.join(q_dir, "config.json")))
+    config["quantization_config"] = {"quant_method": "bitsandbytes"}
+    json.dump(config, open(os.path.join(q_dir, "config.json"), "w"))
+    with pytest.raises(ValueError, match=r"quant_method='bitsandbytes', which is not supported; supported: \[.*'awq'"):
+        ModelConfig(model=q_dir)
+
+
+def test_bits_other_than_4_are_refused():
+    from fastdeploy.model_executor.layers.quantization.awq_gptq import GPTQConfig
+
+    with pytest.raises(ValueError, match="bits=8 has no CPU kernel; supported: bits=4"):
+        GPTQConfig.from_config({"bits": 8, "group_size": 128})

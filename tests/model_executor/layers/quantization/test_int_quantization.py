@@ -1,0 +1,104 @@
+"""--quantization wint8 / wint4 / w8a8 on a Hugging Face checkpoint: registry, load-time quantization, refusals."""
+
+import numpy as np
+import pytest
+
+from fastdeploy.model_executor.layers import quantization
+from fastdeploy.model_executor.layers.linear import RowParallelLinear
+from fastdeploy.model_executor.layers.quantization.w8a8 import W8A8Config, W8A8LinearMethod
+from fastdeploy.model_executor.layers.quantization.weight_only import IntLinearMethod, WInt4Config, WInt8Config
+from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead
+
+METHODS = ["wint8", "wint4", "w8a8"]
+# Largest logit error relative to the logits' spread, per format, on the tiny random model.
+TOLERANCE = {"wint8": 0.02, "wint4": 0.15, "w8a8": 0.03}
+
+
+def test_the_methods_are_registered_and_the_platform_supports_the_registry():
+    from fastdeploy.platforms import current_platform
+
+    assert {"wint8": WInt8Config, "wint4": WInt4Config, "w8a8": W8A8Config}.items() <= {
+        m: quantization.get_quantization_config(m) for m in quantization.get_quantization_methods()}.items()
+    assert current_platform.supported_quantization == quantization.get_quantization_methods()
+
+
+def test_the_projections_are_quantized_and_the_head_is_not():
+    assert isinstance(RowParallelLinear(64, 8, quant_config=WInt4Config()).quant_method, IntLinearMethod)
+    assert isinstance(RowParallelLinear(64, 8, quant_config=W8A8Config()).quant_method, W8A8LinearMethod)
+    assert type(ParallelLMHead(40, 64, quant_config=WInt8Config()).quant_method).__name__ == "UnquantizedLinearMethod"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from tests.model_executor.utils import build_tiny_checkpoint
+
+    return build_tiny_checkpoint("LlamaForCausalLM", tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_checkpoint_quantized_at_load_is_close_to_fp32(tiny_llama, method):
+    from fastdeploy.config import ModelConfig
+    from fastdeploy.model_executor.model_loader import get_model
+    from tests.model_executor.utils import load_our_model, prefill_logits
+
+    prompt = [3, 17, 42, 5, 99, 64, 7, 1, 250, 33]
+    ref = prefill_logits(load_our_model(tiny_llama), prompt)
+    model = get_model(ModelConfig(model=tiny_llama, quantization=method, dtype="float32"))
+    proj = model.model.layers[0].mlp.down_proj
+    assert proj.weight is None and proj.qweight.dtype.name in ("UINT8", "INT8")
+    got = prefill_logits(model, prompt)
+    err = np.abs(got - ref).max() / (ref.max() - ref.min())
+    assert 0 < err < TOLERANCE[method], err
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_gguf_file_is_refused(method):
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(gguf_file="model.gguf", model="model.gguf")
+    with pytest.raises(ValueError, match=f"quantization='{method}' quantizes a bf16/fp32 checkpoint"):
+        quantization.get_quantization_config(method).check_model(cfg)
+
+
+def test_without_the_kernels_the_methods_are_refused():
+    from fastdeploy.model_executor.custom_op import set_op_backend
+    from fastdeploy.platforms.interface import OpBackend
+
+    with set_op_backend(OpBackend()):
+        for config in (WInt8Config, WInt4Config):
+            with pytest.raises(RuntimeError, match=r"needs the C\+\+ integer kernels"):
+                config()
+        with pytest.raises(RuntimeError, match=r"quantization='w8a8' needs the C\+\+ kernels"):
+            W8A8Config()
+
+
+@pytest.fixture(scope="module")
+def hf_folder():
+    """The default model as a Hugging Face folder (benchmarks/compare_vllm.py converts it once, cached)."""
+    import importlib.util
+    import os
+    import sys
+
+    from fastdeploy import envs
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "benchmarks", "compare_vllm.py")
+    spec = importlib.util.spec_from_file_location("compare_vllm", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("compare_vllm", module)  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.ensure_hf_model(envs.cache_root())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_the_default_model_quantized_at_load_is_batch_invariant(hf_folder, method):
+    """Each prompt's greedy tokens are the same alone and batched with the others (LLM end to end)."""
+    from fastdeploy import LLM, SamplingParams
+
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "Water boils at",
+               "1, 2, 3, 4,", "The quick brown fox"]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    llm = LLM(model=hf_folder, quantization=method, max_model_len=512, kv_cache_memory_bytes=64 << 20)
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    alone = [llm.generate(p, params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert together == alone
