@@ -83,12 +83,12 @@ def build(tmp_path, fmt, desc_act=False):
 
 @pytest.mark.parametrize("fmt,desc_act", [("awq", False), ("gptq", False), ("gptq", True)])
 def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantization(tmp_path, fmt, desc_act):
-    from fastdeploy.config import ModelConfig
+    from fastdeploy.engine.arg_utils import EngineArgs
     from fastdeploy.model_executor.model_loader import get_model
     from tests.model_executor.utils import load_our_model, prefill_logits
 
     q_dir, ref_dir = build(tmp_path, fmt, desc_act)
-    config = ModelConfig(model=q_dir, dtype="float32")
+    config = EngineArgs(model=q_dir, dtype="float32").create_engine_config().model_config
     assert config.quantization == fmt  # from config.json, as vLLM
     model = get_model(config)
     qkv = model.model.layers[0].self_attn.qkv_proj
@@ -104,16 +104,17 @@ def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantizat
 
 
 def test_a_mismatched_or_unknown_method_is_refused(tmp_path):
-    from fastdeploy.config import ModelConfig
+    from fastdeploy.engine.arg_utils import EngineArgs
 
     q_dir, _ = build(tmp_path, "awq")
-    with pytest.raises(ValueError, match=r"model config \(awq\) does not match .* argument \(gptq\)"):
-        ModelConfig(model=q_dir, quantization="gptq")
+    with pytest.raises(ValueError, match=r"names the method 'awq', which does not match --quantization 'gptq'"):
+        EngineArgs(model=q_dir, quantization="gptq").create_engine_config()
     config = json.load(open(os.path.join(q_dir, "config.json")))
     config["quantization_config"] = {"quant_method": "bitsandbytes"}
     json.dump(config, open(os.path.join(q_dir, "config.json"), "w"))
-    with pytest.raises(ValueError, match=r"quant_method='bitsandbytes', which is not supported; supported: \[.*'awq'"):
-        ModelConfig(model=q_dir)
+    with pytest.raises(ValueError, match=r"names the method 'bitsandbytes', which FastDeploy does not know\. "
+                                         r"Supported on cpu: awq, gguf"):
+        EngineArgs(model=q_dir).create_engine_config()
 
 
 def test_bits_other_than_4_are_refused():
