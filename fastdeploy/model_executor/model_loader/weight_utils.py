@@ -222,6 +222,16 @@ def merge_mla_kv_b(k_b: np.ndarray, v_b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(kv_b.reshape(-1, rank))
 
 
+def gguf_dense_modules(path: str) -> list[str]:
+    """Hugging Face names of the linear modules whose weights :func:`gguf_weights_iterator` yields dense
+    even with ``keep_blocks``: the ``kv_b_proj`` rebuilt from a deepseek2 file's 3-D ``attn_k_b`` / ``attn_v_b``."""
+    from fastdeploy.transformers_utils.gguf_utils import read_gguf_metadata, read_gguf_tensor_infos
+
+    arch = read_gguf_metadata(path).get("general.architecture")
+    names = (gguf_to_hf_name(info.name, arch) for info in read_gguf_tensor_infos(path))
+    return sorted({f"{m.group(1)}.kv_b_proj" for n in names if n and (m := _MLA_SPLIT_RE.match(n))})
+
+
 def gguf_weights_iterator(
     path: str, hf_config: Any, keep_blocks: bool = False
 ) -> Iterator[tuple[str, np.ndarray | GGUFBlocks]]:

@@ -123,6 +123,9 @@ class GGUFConfig(QuantizationConfig):
             )
         self.kernel_path = path
         self.isa = KERNEL_PATHS[path]
+        # Linear layers (by prefix) the loader gives dense weights, not blocks (vLLM's name): e.g. the
+        # kv_b_proj a deepseek2 file splits into 3-D attn_k_b / attn_v_b. Set by the model loader.
+        self.unquantized_modules: list[str] = []
 
     def __repr__(self) -> str:
         return f"GGUFConfig(kernel_path={self.kernel_path!r})"
@@ -150,7 +153,7 @@ class GGUFConfig(QuantizationConfig):
         if isinstance(layer, VocabParallelEmbedding):
             return GGUFEmbeddingMethod()
         if isinstance(layer, LinearBase):
-            return GGUFLinearMethod(self.isa)
+            return None if prefix in self.unquantized_modules else GGUFLinearMethod(self.isa)
         return None
 
 
