@@ -222,3 +222,35 @@ def test_deepseek2_gguf_serves_quantized_with_a_dense_kv_b(tmp_path):
     got, want = prefill_logits(model, _PROMPT), prefill_logits(load_our_model(str(tmp_path), path.name), _PROMPT)
     assert np.abs(got - want).mean() < 0.03
     assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.8
+
+
+def test_deepseek2_metadata_of_v2_lite_and_v2_files():
+    """DeepSeek-V2-Lite's metadata as an older converter wrote it (no q LoRA, attn_kv_b head sizes, no gating
+    key: softmax), and V2's expert groups: DeepseekV2 with its config.json's values (YaRN mscale 0.707 back)."""
+    import struct
+
+    from fastdeploy.transformers_utils.gguf_deepseek2 import deepseek2_hf_config
+
+    f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]  # noqa: E731 - as the file stores it
+    meta = {f"deepseek2.{k}": v for k, v in {
+        "block_count": 27, "context_length": 163840, "embedding_length": 2048, "feed_forward_length": 10944,
+        "attention.head_count": 16, "attention.head_count_kv": 16, "attention.layer_norm_rms_epsilon": f32(1e-6),
+        "rope.freq_base": 10000.0, "expert_used_count": 6, "leading_dense_block_count": 1, "vocab_size": 102400,
+        "attention.kv_lora_rank": 512, "attention.key_length": 192, "attention.value_length": 128,
+        "expert_feed_forward_length": 1408, "expert_count": 64, "expert_shared_count": 2,
+        "expert_weights_scale": 1.0, "rope.dimension_count": 64, "rope.scaling.type": "yarn",
+        "rope.scaling.factor": 40.0, "rope.scaling.original_context_length": 4096,
+        "rope.scaling.yarn_log_multiplier": f32(0.1 * 0.707),
+    }.items()}  # fmt: skip
+    names = {"token_embd.weight", "output.weight", "blk.1.ffn_gate_inp.weight"}
+    c = deepseek2_hf_config(meta, names)
+    assert c.architectures == ["DeepseekV2ForCausalLM"] and c.topk_method == "greedy" and not c.norm_topk_prob
+    assert (c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim) == (
+        None, 512, 128, 64, 128)
+    assert (c.n_routed_experts, c.num_experts_per_tok, c.n_shared_experts, c.first_k_dense_replace) == (64, 6, 2, 1)
+    assert c.rope_parameters == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+                                 "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0,
+                                 "mscale": 0.707, "mscale_all_dim": 0.707}
+    v2 = deepseek2_hf_config({**meta, "deepseek2.expert_group_count": 8, "deepseek2.expert_group_used_count": 3,
+                              "deepseek2.attention.q_lora_rank": 1536}, names)
+    assert (v2.topk_method, v2.n_group, v2.topk_group, v2.q_lora_rank) == ("group_limited_greedy", 8, 3, 1536)
