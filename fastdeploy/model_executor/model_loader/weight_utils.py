@@ -222,6 +222,12 @@ def merge_mla_kv_b(k_b: np.ndarray, v_b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(kv_b.reshape(-1, rank))
 
 
+def gguf_router_name(hf_name: str) -> bool:
+    """Whether ``hf_name`` is an MoE router's weight, dequantized even with ``keep_blocks`` (llama.cpp's
+    converter and llama-quantize keep ``ffn_gate_inp`` in F32)."""
+    return hf_name.endswith(_FP32_ROUTER_SUFFIXES)
+
+
 def gguf_dense_modules(path: str) -> list[str]:
     """Hugging Face names of the linear modules whose weights :func:`gguf_weights_iterator` yields dense
     even with ``keep_blocks``: the ``kv_b_proj`` rebuilt from a deepseek2 file's 3-D ``attn_k_b`` / ``attn_v_b``."""
@@ -280,7 +286,7 @@ def gguf_weights_iterator(
                     del mla_parts[mla_split.group(1)]
                     yield f"{mla_split.group(1)}.kv_b_proj.weight", merge_mla_kv_b(halves["k_b_proj"],
                                                                                  halves["v_b_proj"])
-            elif keep_blocks and len(info.dims) == 2 and not hf_name.endswith(_FP32_ROUTER_SUFFIXES):
+            elif keep_blocks and len(info.dims) == 2 and not gguf_router_name(hf_name):
                 blocks = load_gguf_blocks(data, info)
                 yield hf_name, dataclasses.replace(blocks, data=unpermute(hf_name, blocks.data))
             elif stacked is not None:

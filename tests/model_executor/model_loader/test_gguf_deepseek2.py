@@ -212,6 +212,13 @@ def test_deepseek2_gguf_serves_quantized_with_a_dense_kv_b(tmp_path):
     _randomize_correction_bias(folder)
     path = tmp_path / "tiny-q8_0.gguf"
     write_deepseek2_gguf(folder, str(path), q8=True)
+    # The routers stay F32 as the converter keeps them; the start-up type check lets them through.
+    from fastdeploy.model_executor.layers.quantization.gguf import check_tensor_types
+    from fastdeploy.transformers_utils.gguf_utils import read_gguf_tensor_infos
+
+    types = {info.name: info.ggml_type for info in read_gguf_tensor_infos(str(path))}
+    assert types["blk.1.ffn_gate_inp.weight"] == gguf.GGMLQuantizationType.F32
+    check_tensor_types(str(path))
     model = get_model(ModelConfig(model=str(path), dtype="float32", quantization="gguf"), LoadConfig())
     attn = model.model.layers[1].self_attn
     assert isinstance(attn.q_b_proj.quant_method, GGUFLinearMethod)

@@ -28,12 +28,13 @@ _LAYER_TENSORS = {
 
 def gguf_writer(path: str, gguf_arch: str, q8: bool = False):
     """A ``gguf.GGUFWriter`` whose ``add_tensor`` stores, with ``q8``, every matrix whose rows are whole
-    Q8_0 blocks in Q8_0 (as ``convert_hf_to_gguf --outtype q8_0``), the rest F32."""
+    Q8_0 blocks in Q8_0 (as ``convert_hf_to_gguf --outtype q8_0``), the rest F32; the MoE routers
+    (``ffn_gate_inp``) stay F32 as the converter keeps them."""
     w = gguf.GGUFWriter(path, gguf_arch)
     add_tensor = w.add_tensor
 
     def add(tensor_name, value):
-        if q8 and value.ndim >= 2 and value.shape[-1] % 32 == 0:
+        if q8 and value.ndim >= 2 and value.shape[-1] % 32 == 0 and ".ffn_gate_inp" not in tensor_name:
             q8_type = gguf.GGMLQuantizationType.Q8_0
             add_tensor(tensor_name, gguf.quants.quantize(value, q8_type), raw_dtype=q8_type)
         else:
