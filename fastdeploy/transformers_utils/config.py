@@ -79,7 +79,16 @@ def get_gguf_config(model_path: str, gguf_file: str) -> PretrainedConfig:
             return config
         except Exception as e:  # noqa: BLE001 - a damaged cache entry is rebuilt below
             logger.warning("Ignoring unreadable cached config %s: %s", cached, e)
-    config = AutoConfig.from_pretrained(model_path, gguf_file=gguf_file)
+    if read_gguf_metadata(gguf_path).get("general.architecture") == "deepseek2":
+        # transformers has no GGUF mapping for llama.cpp's deepseek2: ours.
+        from fastdeploy.transformers_utils.gguf_deepseek2 import deepseek2_hf_config
+        from fastdeploy.transformers_utils.gguf_utils import read_gguf_tensor_infos
+
+        names = {info.name for info in read_gguf_tensor_infos(gguf_path)}
+        config = deepseek2_hf_config(read_gguf_metadata(gguf_path), names)
+        config._name_or_path = model_path
+    else:
+        config = AutoConfig.from_pretrained(model_path, gguf_file=gguf_file)
     _patch_gguf_config(config, gguf_path)
     try:
         _save_atomically(config, cache_dir)

@@ -16,6 +16,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from fastdeploy.logger import init_logger
+from fastdeploy.transformers_utils.gguf_pre_tokenizers import SPLIT_SEQUENCE_PRES
 from fastdeploy.transformers_utils.gguf_utils import read_gguf_metadata
 
 logger = init_logger(__name__)
@@ -58,6 +59,11 @@ def _pre_tokenizer(pre: str, add_prefix_space: bool) -> pre_tokenizers.PreTokeni
         )
     if pre in _GPT2_PRES:
         return pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=True)
+    if pre in SPLIT_SEQUENCE_PRES:  # DeepSeek's: several splits in turn, then the byte-level mapping
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False) for p in SPLIT_SEQUENCE_PRES[pre]]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False)]
+        )
     pattern = _LLAMA3_PATTERN if pre in _LLAMA3_PRES else _QWEN2_PATTERN if pre in _QWEN2_PRES else None
     if pattern is None:
         raise GGUFTokenizerError(f"GGUF pre-tokenizer {pre!r} is not supported.")

@@ -83,3 +83,55 @@ def test_saved_tokenizer_folder_loads_the_same(tok, tmp_path):
     again = get_tokenizer(str(tmp_path))
     assert again.encode(CHAT) == tok.encode(CHAT)
     assert again.eos_token_id == 2
+
+
+def _byte_level_gguf(path, pre):
+    """A vocabulary-only deepseek2 GGUF file: the 256 byte-level tokens, two merges, DeepSeek's BOS / EOS."""
+    import gguf
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    tokens = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", *sorted(ByteLevel.alphabet()), "12", "123"]
+    w = gguf.GGUFWriter(str(path), "deepseek2")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL] * 2 + [gguf.TokenType.NORMAL] * (len(tokens) - 2))
+    w.add_token_merges(["1 2", "12 3"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return tokens
+
+
+@pytest.mark.parametrize(
+    "pre, pieces",
+    [
+        # DeepSeek-V3: digits in threes, a CJK run on its own, punctuation glued to the letters after it.
+        ("deepseek-v3", ["1234567", ["123", "456", "7"]]),
+        ("deepseek-v3", ["中文abc def", ["中文", "abc", " def"]]),
+        ("deepseek-v3", ["x.y", ["x", ".y"]]),
+        # DeepSeek-LLM / V2: one run of digits, letters with their leading space, newline on its own.
+        ("deepseek-llm", ["1234567", ["1234567"]]),
+        ("deepseek-llm", ["Hello world\nx", ["Hello", " world", "\n", "x"]]),
+    ],
+)
+def test_deepseek_pre_tokenizers_split_as_llama_cpp(tmp_path, pre, pieces):
+    """tokenizer.ggml.pre "deepseek-v3" / "deepseek-llm" (deepseek2 GGUF files): llama.cpp's regex sequence."""
+    from tokenizers import pre_tokenizers
+
+    from fastdeploy.transformers_utils.tokenizer import build_gguf_bpe_tokenizer
+
+    text, want = pieces
+    tokens = _byte_level_gguf(tmp_path / "vocab.gguf", pre)
+    tok = build_gguf_bpe_tokenizer(str(tmp_path / "vocab.gguf"))
+    got = [p for p, _ in tok.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    assert got == [byte_level.pre_tokenize_str(p)[0][0] for p in want]
+    ids = tok.encode(text)
+    assert ids[0] == 0 and tok.bos_token == tokens[0] and tok.eos_token_id == 1  # the file's add_bos_token
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    if pre == "deepseek-v3" and text == "1234567":
+        assert tok.convert_ids_to_tokens(ids[1:]) == ["123", "4", "5", "6", "7"]  # merges within each group

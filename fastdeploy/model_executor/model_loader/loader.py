@@ -15,6 +15,7 @@ from paddle import nn
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.custom_op import get_op_backend, set_op_backend
 from fastdeploy.model_executor.model_loader.weight_utils import (
+    gguf_dense_modules,
     gguf_weights_iterator,
     pt_files,
     pt_weights_iterator,
@@ -111,6 +112,9 @@ def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -
                          "has none to keep.")
     # The checkpoint's own quantization_config (bits, group size...) where it has one; -q alone gives {}.
     quant_config = get_quantization_config(name).from_config(checkpoint_quantization_config(model_config.hf_config) or {})
+    if name == "gguf" and model_config.gguf_file:
+        quant_config.unquantized_modules = gguf_dense_modules(os.path.join(model_config.model_path,
+                                                                           model_config.gguf_file))
     logger.info("Quantization: %s.", quant_config)
     return {"quant_config": quant_config}
 

@@ -179,19 +179,42 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate_exps": "mlp.experts.gate_proj",
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
+    # Gate and up of every expert in one [E, 2 * ff, in] tensor (the converter's --fuse-gate-up-exps).
+    "ffn_gate_up_exps": "mlp.experts.gate_up_proj",
+    # deepseek2 (MLA): the q LoRA (or V2-Lite's attn_q), the latent projection and its norm, kv_b
+    # (or, from current converters, its split k_b / v_b, merged back by the iterator).
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "attn_k_b": "self_attn.k_b_proj",
+    "attn_v_b": "self_attn.v_b_proj",
+    "exp_probs_b": "mlp.gate.e_score_correction_bias",  # as "exp_probs_b.bias"; see gguf_to_hf_name
+}
+# Where an architecture's Hugging Face names differ: DeepSeek's shared experts are "shared_experts".
+_GGUF_ARCH_LAYER_NAMES = {
+    "deepseek2": {
+        "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+        "ffn_up_shexp": "mlp.shared_experts.up_proj",
+        "ffn_down_shexp": "mlp.shared_experts.down_proj",
+    },
 }
 # MoE routers (GateLinear, never quantized): dequantized even with keep_blocks.
 _FP32_ROUTER_SUFFIXES = (".mlp.gate.weight", ".mlp.shared_expert_gate.weight")
 # Stacked expert tensors, split into Hugging Face's per-expert names.
-_STACKED_EXPERTS_RE = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight$")
+_STACKED_EXPERTS_RE = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj|gate_up_proj)\.weight$")
+# deepseek2's kv_b split per head into k_b [H, kv_lora_rank, nope] (transposed) and v_b [H, v, kv_lora_rank].
+_MLA_SPLIT_RE = re.compile(r"^(.*\.self_attn)\.(k_b_proj|v_b_proj)\.weight$")
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Tensors llama.cpp derives for itself (e.g. llama3 rope factors); the HF config carries the same.
 _GGUF_SKIPPED = {"rope_freqs", "rope_factors_long", "rope_factors_short"}
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
-def gguf_to_hf_name(name: str) -> str | None:
-    """Hugging Face name of a llama.cpp tensor name, or None for tensors to skip.
+def gguf_to_hf_name(name: str, arch: str | None = None) -> str | None:
+    """Hugging Face name of a llama.cpp tensor name (of GGUF architecture ``arch``), or None for tensors to skip.
 
     Raises:
         ValueError: a tensor this mapping does not know.
@@ -205,8 +228,11 @@ def gguf_to_hf_name(name: str) -> str | None:
     if base in _GGUF_GLOBAL_NAMES:
         return _GGUF_GLOBAL_NAMES[base] + tail
     m = _LAYER_RE.match(base)
-    if m and m.group(2) in _GGUF_LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_GGUF_LAYER_NAMES[m.group(2)]}{tail}"
+    names = {**_GGUF_LAYER_NAMES, **_GGUF_ARCH_LAYER_NAMES.get(arch or "", {})}
+    if m and m.group(2) in names:
+        if m.group(2) == "exp_probs_b":
+            tail = ""  # llama.cpp names the correction bias "exp_probs_b.bias"; HF has no suffix
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}{tail}"
     raise ValueError(f"GGUF tensor {name!r} has no known Hugging Face name (unsupported architecture?).")
 
 
@@ -222,6 +248,35 @@ def unpermute_llama_qk(weight: np.ndarray, num_heads: int) -> np.ndarray:
     head_dim = rows // num_heads
     w = weight.reshape(num_heads, head_dim // 2, 2, *weight.shape[1:])
     return np.ascontiguousarray(w.swapaxes(1, 2).reshape(weight.shape))
+
+
+def merge_mla_kv_b(k_b: np.ndarray, v_b: np.ndarray) -> np.ndarray:
+    """Hugging Face's ``kv_b_proj.weight`` ``[H * (nope + v), kv_lora_rank]`` from llama.cpp's split halves.
+
+    The deepseek2 converter views ``kv_b`` as ``[H, nope + v, kv_lora_rank]``, splits it into
+    ``k_b`` (transposed to ``[H, kv_lora_rank, nope]``) and ``v_b`` ``[H, v, kv_lora_rank]``.
+    """
+    heads, rank = k_b.shape[0], k_b.shape[1]
+    if v_b.shape[0] != heads or v_b.shape[2] != rank:
+        raise ValueError(f"GGUF attn_k_b {k_b.shape} and attn_v_b {v_b.shape} do not fit together.")
+    kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1)
+    return np.ascontiguousarray(kv_b.reshape(-1, rank))
+
+
+def gguf_router_name(hf_name: str) -> bool:
+    """Whether ``hf_name`` is an MoE router's weight, dequantized even with ``keep_blocks`` (llama.cpp's
+    converter and llama-quantize keep ``ffn_gate_inp`` in F32)."""
+    return hf_name.endswith(_FP32_ROUTER_SUFFIXES)
+
+
+def gguf_dense_modules(path: str) -> list[str]:
+    """Hugging Face names of the linear modules whose weights :func:`gguf_weights_iterator` yields dense
+    even with ``keep_blocks``: the ``kv_b_proj`` rebuilt from a deepseek2 file's 3-D ``attn_k_b`` / ``attn_v_b``."""
+    from fastdeploy.transformers_utils.gguf_utils import read_gguf_metadata, read_gguf_tensor_infos
+
+    arch = read_gguf_metadata(path).get("general.architecture")
+    names = (gguf_to_hf_name(info.name, arch) for info in read_gguf_tensor_infos(path))
+    return sorted({f"{m.group(1)}.kv_b_proj" for n in names if n and (m := _MLA_SPLIT_RE.match(n))})
 
 
 def gguf_weights_iterator(
@@ -255,23 +310,41 @@ def gguf_weights_iterator(
         return array
 
     data = np.memmap(path, dtype=np.uint8, mode="r")
+    mla_parts: dict[str, dict[str, np.ndarray]] = {}
     with _progress(len(infos), "Loading GGUF weights") as bar:
         for info in infos:
-            hf_name = gguf_to_hf_name(info.name)
+            hf_name = gguf_to_hf_name(info.name, arch)
             bar.update(1)
             if hf_name is None:
                 continue
             stacked = _STACKED_EXPERTS_RE.match(hf_name)
-            if keep_blocks and len(info.dims) == 2 and not hf_name.endswith(_FP32_ROUTER_SUFFIXES):
+            mla_split = _MLA_SPLIT_RE.match(hf_name)
+            if mla_split is not None:
+                # 3-D, so never kept in blocks: kv_b_proj is rebuilt dense from its two halves.
+                halves = mla_parts.setdefault(mla_split.group(1), {})
+                halves[mla_split.group(2)] = load_gguf_tensor(data, info)
+                if len(halves) == 2:
+                    del mla_parts[mla_split.group(1)]
+                    yield f"{mla_split.group(1)}.kv_b_proj.weight", merge_mla_kv_b(halves["k_b_proj"],
+                                                                                 halves["v_b_proj"])
+            elif keep_blocks and len(info.dims) == 2 and not gguf_router_name(hf_name):
                 blocks = load_gguf_blocks(data, info)
                 yield hf_name, dataclasses.replace(blocks, data=unpermute(hf_name, blocks.data))
             elif stacked is not None:
                 # MoE experts are dequantized whatever keep_blocks says: the expert kernel takes fp32 (packed bf16).
                 experts = load_gguf_tensor(data, info)
-                for e in range(experts.shape[0]):
-                    yield f"{stacked.group(1)}.{e}.{stacked.group(2)}.weight", experts[e]
+                projs = [stacked.group(2)]
+                if projs == ["gate_up_proj"]:  # [E, 2 * ff, in]: gate rows, then up rows
+                    projs, experts = ["gate_proj", "up_proj"], np.split(experts, 2, axis=1)
+                else:
+                    experts = [experts]
+                for proj, stack in zip(projs, experts, strict=True):
+                    for e in range(stack.shape[0]):
+                        yield f"{stacked.group(1)}.{e}.{proj}.weight", stack[e]
             elif hf_name.endswith("shared_expert_gate.weight"):
                 yield hf_name, load_gguf_tensor(data, info).reshape(1, -1)  # llama.cpp keeps it as [H]
             else:
                 yield hf_name, unpermute(hf_name, load_gguf_tensor(data, info))
+    if mla_parts:
+        raise ValueError(f"GGUF file {path} has attn_k_b without attn_v_b (or the reverse) in: {sorted(mla_parts)}.")
     del data

@@ -26,29 +26,50 @@ _LAYER_TENSORS = {
 }  # fmt: skip
 
 
-def write_gguf(arch: str, folder: str, path: str, q8: bool = False) -> None:
-    """The checkpoint in ``folder`` as a GGUF file, as llama.cpp's converter lays it out: F32, or with ``q8``
-    every matrix whose rows are whole Q8_0 blocks in Q8_0 (the stacked experts included)."""
-    from safetensors.numpy import load_file
-
-    from fastdeploy.model_executor.model_loader.weight_utils import safetensors_files
-
-    config = load_hf_model(folder).config
-    tensors = {}
-    for f in safetensors_files(folder):
-        tensors.update(load_file(f))
-    name = _GGUF_ARCH[arch]
-    w = gguf.GGUFWriter(path, name)
+def gguf_writer(path: str, gguf_arch: str, q8: bool = False):
+    """A ``gguf.GGUFWriter`` whose ``add_tensor`` stores, with ``q8``, every matrix whose rows are whole
+    Q8_0 blocks in Q8_0 (as ``convert_hf_to_gguf --outtype q8_0``), the rest F32; the MoE routers
+    (``ffn_gate_inp``) stay F32 as the converter keeps them."""
+    w = gguf.GGUFWriter(path, gguf_arch)
     add_tensor = w.add_tensor
 
     def add(tensor_name, value):
-        if q8 and value.ndim >= 2 and value.shape[-1] % 32 == 0:
+        if q8 and value.ndim >= 2 and value.shape[-1] % 32 == 0 and ".ffn_gate_inp" not in tensor_name:
             q8_type = gguf.GGMLQuantizationType.Q8_0
             add_tensor(tensor_name, gguf.quants.quantize(value, q8_type), raw_dtype=q8_type)
         else:
             add_tensor(tensor_name, value)
 
     w.add_tensor = add
+    return w
+
+
+def finish_gguf(w) -> None:
+    """Write the header, metadata and tensors of ``w`` and close the file."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def checkpoint_tensors(folder: str) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors checkpoint folder, by Hugging Face name."""
+    from safetensors.numpy import load_file
+
+    from fastdeploy.model_executor.model_loader.weight_utils import safetensors_files
+
+    tensors = {}
+    for f in safetensors_files(folder):
+        tensors.update(load_file(f))
+    return tensors
+
+
+def write_gguf(arch: str, folder: str, path: str, q8: bool = False) -> None:
+    """The checkpoint in ``folder`` as a GGUF file, as llama.cpp's converter lays it out: F32, or with ``q8``
+    every matrix whose rows are whole Q8_0 blocks in Q8_0 (the stacked experts included)."""
+    config = load_hf_model(folder).config
+    tensors = checkpoint_tensors(folder)
+    w = gguf_writer(path, _GGUF_ARCH[arch], q8)
     w.add_vocab_size(config.vocab_size)
     w.add_context_length(config.max_position_embeddings)
     w.add_block_count(config.num_hidden_layers)
@@ -82,10 +103,7 @@ def write_gguf(arch: str, folder: str, path: str, q8: bool = False) -> None:
                 value = value.reshape(-1)  # llama.cpp keeps the shared-expert gate as [H]
             w.add_tensor(f"blk.{i}.{_LAYER_TENSORS[module]}.{suffix}", value)
     assert not tensors, f"tensors left out of the GGUF file: {list(tensors)}"
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish_gguf(w)
 
 
 @pytest.mark.parametrize("arch", list(_GGUF_ARCH))

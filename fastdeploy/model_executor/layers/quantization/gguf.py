@@ -66,12 +66,14 @@ def check_tensor_types(path: str) -> None:
     Raises:
         ValueError: naming each such tensor with its type, and the supported types.
     """
-    from fastdeploy.model_executor.model_loader.weight_utils import gguf_to_hf_name
+    from fastdeploy.model_executor.model_loader.weight_utils import gguf_router_name, gguf_to_hf_name
     from fastdeploy.transformers_utils.gguf_utils import ggml_type_name, read_gguf_tensor_infos
 
-    # The loader keeps the matrices of the model (2-D, with a Hugging Face name) as blocks.
+    # The loader keeps the matrices of the model (2-D, with a Hugging Face name) as blocks, the MoE
+    # routers (F32 in every llama.cpp file) aside.
     bad = [f"{info.name!r} ({ggml_type_name(info.ggml_type)})" for info in read_gguf_tensor_infos(path)
-           if len(info.dims) == 2 and info.ggml_type not in GGUF_KERNEL_TYPES and gguf_to_hf_name(info.name)]
+           if len(info.dims) == 2 and info.ggml_type not in GGUF_KERNEL_TYPES
+           and (hf := gguf_to_hf_name(info.name)) and not gguf_router_name(hf)]
     if bad:
         shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
         raise ValueError(
@@ -130,6 +132,9 @@ class GGUFConfig(QuantizationConfig):
             )
         self.kernel_path = path
         self.isa = KERNEL_PATHS[path]
+        # Linear layers (by prefix) the loader gives dense weights, not blocks (vLLM's name): e.g. the
+        # kv_b_proj a deepseek2 file splits into 3-D attn_k_b / attn_v_b. Set by the model loader.
+        self.unquantized_modules: list[str] = []
 
     def __repr__(self) -> str:
         return f"GGUFConfig(kernel_path={self.kernel_path!r})"
@@ -157,7 +162,7 @@ class GGUFConfig(QuantizationConfig):
         if isinstance(layer, VocabParallelEmbedding):
             return GGUFEmbeddingMethod()
         if isinstance(layer, LinearBase):
-            return GGUFLinearMethod(self.isa)
+            return None if prefix in self.unquantized_modules else GGUFLinearMethod(self.isa)
         return None
 
 
