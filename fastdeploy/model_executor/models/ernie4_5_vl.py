@@ -35,8 +35,13 @@ from paddle import nn
 from fastdeploy.model_executor.layers.fused_moe import FusedMoE
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
 from fastdeploy.model_executor.models.llama import DecoderOptions, LlamaMLP
-from fastdeploy.model_executor.models.moe import COMMON_CHECKS, MoEModelMixin, MoEStatics, SparseMoeBlock, \
-    refuse_unsupported
+from fastdeploy.model_executor.models.moe import (
+    COMMON_CHECKS,
+    MoEModelMixin,
+    MoEStatics,
+    SparseMoeBlock,
+    refuse_unsupported,
+)
 from fastdeploy.model_executor.models.paddleocr_vl import _LayerNorm
 from fastdeploy.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from fastdeploy.model_executor.models.qwen2_5_vl_vision import (
