@@ -119,7 +119,9 @@ def build_tiny_ernie4_5_vl(path: str | os.PathLike, seed: int = 0) -> str:
 
     path = str(path)
     tok = build_tokenizer(path, ERNIE_VL_TOKENS)
-    _save_random(transformers.Ernie4_5_VLMoeForConditionalGeneration, tiny_ernie4_5_vl_config(tok), path, seed)
+    # Larger expert weights: which pool a token goes to then shows in the answer.
+    _save_random(transformers.Ernie4_5_VLMoeForConditionalGeneration, tiny_ernie4_5_vl_config(tok), path, seed,
+                 stds={"_moe.": 0.3})
     transformers.Ernie4_5_VLMoeImageProcessor(size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112}
                                               ).save_pretrained(path)
     return path
@@ -148,8 +150,10 @@ def build_tiny_paddleocr_vl(path: str | os.PathLike, seed: int = 0) -> str:
     return path
 
 
-def _save_random(model_cls: Any, cfg: Any, path: str, seed: int) -> None:
-    """Random weights (norm weights near 1, biases small but non-zero so they matter), saved."""
+def _save_random(model_cls: Any, cfg: Any, path: str, seed: int, stds: dict[str, float] | None = None) -> None:
+    """Random weights (norm weights near 1, biases small but non-zero so they matter), saved.
+
+    ``stds``: name fragment -> the std of the matching matrices instead of 0.08."""
     import torch
 
     torch.manual_seed(seed)
@@ -159,7 +163,8 @@ def _save_random(model_cls: Any, cfg: Any, path: str, seed: int) -> None:
             if "norm" in name or "ln_q" in name or ".ln." in name:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
-                p.copy_((0.08 if p.ndim > 1 else 0.05) * torch.randn_like(p))
+                std = next((v for k, v in (stds or {}).items() if k in name), 0.08)
+                p.copy_((std if p.ndim > 1 else 0.05) * torch.randn_like(p))
     model.save_pretrained(path)
 
 
