@@ -184,9 +184,26 @@ def test_text_only_model_refuses_images(smol_llm):
 
 
 @pytest.mark.parametrize("tiny_vl", ["Ernie4_5_VLMoeForConditionalGeneration"], indirect=True)
-def test_ernie_4_5_vl_refuses_videos(tiny_vl):
-    """ERNIE-4.5-VL runs images natively; its video path (frames paired by the resampler) is refused by name."""
-    llm = tiny_vl[1]
+def test_ernie_4_5_vl_checkpoint_layouts_and_videos(tiny_vl):
+    """Baidu's layout (what the checkpoint holds: both pools in one expert list, transposed routers,
+    a [2, E] bias) and transformers' in-memory names load the same weights; videos are refused by name."""
+    import glob
+
+    from safetensors.numpy import load_file
+
+    from fastdeploy.model_executor.models.ernie4_5_vl import Ernie4_5_VLMoeForConditionalGeneration
+
+    path, llm, hf, _ = tiny_vl
+    (shard,) = glob.glob(f"{path}/*.safetensors")
+    assert "model.layers.1.mlp.gate.weight_1" in load_file(shard)  # the file is in Baidu's layout
+    params = []
+    for weights in (load_file(shard).items(), ((name, t.numpy()) for name, t in hf.state_dict().items())):
+        model = Ernie4_5_VLMoeForConditionalGeneration(hf.config)
+        model.load_weights(weights)
+        params.append(dict(model.named_parameters()))
+    assert params[0].keys() == params[1].keys() and any("vision_moe.moe_statics" in n for n in params[0])
+    for name, param in params[0].items():
+        np.testing.assert_array_equal(param.numpy(), params[1][name].numpy(), err_msg=name)
     model = llm.llm_engine.engine_core.worker.model_runner.model
     with pytest.raises(NotImplementedError, match="videos"):
         model.embed_multimodal(np.zeros((32, 588), dtype=np.float32), np.array([[2, 4, 4]]))
