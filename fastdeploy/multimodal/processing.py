@@ -36,6 +36,7 @@ class _ModelInfo:
 _MODELS: dict[str, _ModelInfo] = {
     "Qwen2_5_VLForConditionalGeneration": _ModelInfo("Qwen2VLImageProcessor", "<|image_pad|>"),
     "PaddleOCRVLForConditionalGeneration": _ModelInfo("PaddleOCRVLImageProcessor", "<|IMAGE_PLACEHOLDER|>"),
+    "Ernie4_5_VLMoeForConditionalGeneration": _ModelInfo("Ernie4_5_VLMoeImageProcessor", "<|IMAGE_PLACEHOLDER|>"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL and PaddleOCR-VL in Paddle against transformers on tiny random checkpoints (fp32, greedy).
+"""Qwen2.5-VL, PaddleOCR-VL and ERNIE-4.5-VL in Paddle against transformers on tiny random checkpoints (fp32, greedy).
 
 One ``LLM`` serves every test; its small ``max_num_batched_tokens`` makes the image prompts
 prefill in chunks that cut through the images, so the encoder cache and the 3-D positions of
@@ -11,18 +11,22 @@ import numpy as np
 import pytest
 
 from tests.multimodal.utils import (
+    ERNIE_VL_TOKENS,
     PADDLEOCR_TOKENS,
     VISION_TOKENS,
+    build_tiny_ernie4_5_vl,
     build_tiny_paddleocr_vl,
     build_tiny_qwen2_5_vl,
     random_image,
 )
 
 MAX_TOKENS = 20
-# architecture -> (checkpoint builder, transformers image processor, its tokens: start, end, image, video)
+# architecture -> (checkpoint builder, transformers image processor, its tokens: start, end, image, video, ...)
 MODELS = {
     "Qwen2_5_VLForConditionalGeneration": (build_tiny_qwen2_5_vl, "Qwen2VLImageProcessor", VISION_TOKENS),
     "PaddleOCRVLForConditionalGeneration": (build_tiny_paddleocr_vl, "PaddleOCRVLImageProcessor", PADDLEOCR_TOKENS),
+    "Ernie4_5_VLMoeForConditionalGeneration": (build_tiny_ernie4_5_vl, "Ernie4_5_VLMoeImageProcessor",
+                                               ERNIE_VL_TOKENS),
 }
 
 
@@ -34,7 +38,7 @@ def tiny_vl(request, tmp_path_factory):
 
     from fastdeploy import LLM
 
-    build, _, (start, end, image, _) = MODELS[request.param]
+    build, _, (start, end, image, *_) = MODELS[request.param]
     path = build(tmp_path_factory.mktemp(request.param))
     hf = getattr(transformers, request.param).from_pretrained(path, dtype=torch.float32).eval()
     llm = LLM(path, dtype="float32", max_model_len=1024, kv_cache_memory_bytes=64 << 20, max_num_seqs=8,
@@ -64,6 +68,9 @@ def _hf_generate(hf, prompt_ids, images, image_processor, image_token_id):
         processed = image_processor(images=images, return_tensors="pt")
         kwargs = dict(pixel_values=processed["pixel_values"], image_grid_thw=processed["image_grid_thw"],
                       mm_token_type_ids=(ids == image_token_id).int())
+        if hasattr(hf.config, "image_end_token_id"):  # ERNIE-4.5-VL: its processor's routing of the markers too
+            vision = [image_token_id, hf.config.image_start_token_id, hf.config.image_end_token_id]
+            kwargs["moe_mm_token_type_ids"] = torch.isin(ids, torch.tensor(vision)).int()
     with torch.no_grad():
         out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
                           min_new_tokens=MAX_TOKENS, do_sample=False, **kwargs)
@@ -176,8 +183,27 @@ def test_text_only_model_refuses_images(smol_llm):
         smol_llm.generate({"prompt": "Hi", "multi_modal_data": {"image": random_image(1)}})
 
 
-def test_ernie_4_5_vl_is_refused_by_name():
-    from fastdeploy.model_executor.models.registry import ModelRegistry
+@pytest.mark.parametrize("tiny_vl", ["Ernie4_5_VLMoeForConditionalGeneration"], indirect=True)
+def test_ernie_4_5_vl_checkpoint_layouts_and_videos(tiny_vl):
+    """Baidu's layout (what the checkpoint holds: both pools in one expert list, transposed routers,
+    a [2, E] bias) and transformers' in-memory names load the same weights; videos are refused by name."""
+    import glob
 
-    with pytest.raises(NotImplementedError, match="ERNIE-4.5-VL is a mixture-of-experts"):
-        ModelRegistry.resolve(["Ernie4_5_VLMoeForConditionalGeneration"])
+    from safetensors.numpy import load_file
+
+    from fastdeploy.model_executor.models.ernie4_5_vl import Ernie4_5_VLMoeForConditionalGeneration
+
+    path, llm, hf, _ = tiny_vl
+    (shard,) = glob.glob(f"{path}/*.safetensors")
+    assert "model.layers.1.mlp.gate.weight_1" in load_file(shard)  # the file is in Baidu's layout
+    params = []
+    for weights in (load_file(shard).items(), ((name, t.numpy()) for name, t in hf.state_dict().items())):
+        model = Ernie4_5_VLMoeForConditionalGeneration(hf.config)
+        model.load_weights(weights)
+        params.append(dict(model.named_parameters()))
+    assert params[0].keys() == params[1].keys() and any("vision_moe.moe_statics" in n for n in params[0])
+    for name, param in params[0].items():
+        np.testing.assert_array_equal(param.numpy(), params[1][name].numpy(), err_msg=name)
+    model = llm.llm_engine.engine_core.worker.model_runner.model
+    with pytest.raises(NotImplementedError, match="videos"):
+        model.embed_multimodal(np.zeros((32, 588), dtype=np.float32), np.array([[2, 4, 4]]))

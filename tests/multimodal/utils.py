@@ -1,4 +1,4 @@
-"""Tiny random Qwen2.5-VL and PaddleOCR-VL checkpoints, written with transformers at test time.
+"""Tiny random Qwen2.5-VL, PaddleOCR-VL and ERNIE-4.5-VL checkpoints, written with transformers at test time.
 
 The tokenizer is the embedded SmolLM2 tokenizer (a real byte-level BPE) with the model's vision
 special tokens added and a chat template in the model's style that writes its image markers
@@ -17,6 +17,9 @@ import numpy as np
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 PADDLEOCR_TOKENS = ["<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|video_pad|>"]
+# ERNIE-4.5-VL's (Baidu's vocabulary): start, end, image, video, then the video's start and end.
+ERNIE_VL_TOKENS = ["<|IMAGE_START|>", "<|IMAGE_END|>", "<|IMAGE_PLACEHOLDER|>", "<|VIDEO_PLACEHOLDER|>",
+                   "<|VIDEO_START|>", "<|VIDEO_END|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
@@ -89,6 +92,41 @@ def tiny_paddleocr_vl_config(tok: Any):
     return cfg
 
 
+def tiny_ernie4_5_vl_config(tok: Any):
+    import transformers
+
+    ids = [tok.convert_tokens_to_ids(t) for t in ERNIE_VL_TOKENS]
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    # Layer 0 dense, 1 and 2 sparse; each pool has its own expert width (text 32, vision 16).
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-6, use_bias=False,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]},
+                moe_intermediate_size=[32, 16], moe_k=2, moe_num_experts=4, moe_num_shared_experts=1,
+                eos_token_id=eos)
+    vision = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=14, spatial_merge_size=2,
+                  temporal_merge_size=2, hidden_act="quick_gelu", rms_norm_eps=1e-6)
+    cfg = transformers.Ernie4_5_VLMoeConfig(
+        text_config=text, vision_config=vision, image_start_token_id=ids[0], image_end_token_id=ids[1],
+        image_token_id=ids[2], video_token_id=ids[3], video_start_token_id=ids[4], video_end_token_id=ids[5],
+        tie_word_embeddings=False, eos_token_id=eos)
+    cfg.architectures = ["Ernie4_5_VLMoeForConditionalGeneration"]
+    return cfg
+
+
+def build_tiny_ernie4_5_vl(path: str | os.PathLike, seed: int = 0) -> str:
+    """The same for ERNIE-4.5-VL (random router correction biases, so they decide some choices)."""
+    import transformers
+
+    path = str(path)
+    tok = build_tokenizer(path, ERNIE_VL_TOKENS)
+    # Larger expert weights: which pool a token goes to then shows in the answer.
+    _save_random(transformers.Ernie4_5_VLMoeForConditionalGeneration, tiny_ernie4_5_vl_config(tok), path, seed,
+                 stds={"_moe.": 0.3})
+    transformers.Ernie4_5_VLMoeImageProcessor(size={"shortest_edge": 56 * 56, "longest_edge": 112 * 112}
+                                              ).save_pretrained(path)
+    return path
+
+
 def build_tiny_qwen2_5_vl(path: str | os.PathLike, seed: int = 0) -> str:
     """Write tokenizer, image processor config, config and random weights; returns the folder."""
     import transformers
@@ -112,18 +150,21 @@ def build_tiny_paddleocr_vl(path: str | os.PathLike, seed: int = 0) -> str:
     return path
 
 
-def _save_random(model_cls: Any, cfg: Any, path: str, seed: int) -> None:
-    """Random weights (norm weights near 1, biases small but non-zero so they matter), saved."""
+def _save_random(model_cls: Any, cfg: Any, path: str, seed: int, stds: dict[str, float] | None = None) -> None:
+    """Random weights (norm weights near 1, biases small but non-zero so they matter), saved.
+
+    ``stds``: name fragment -> the std of the matching matrices instead of 0.08."""
     import torch
 
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or "ln_q" in name:
+            if "norm" in name or "ln_q" in name or ".ln." in name:
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
-                p.copy_((0.08 if p.ndim > 1 else 0.05) * torch.randn_like(p))
+                std = next((v for k, v in (stds or {}).items() if k in name), 0.08)
+                p.copy_((std if p.ndim > 1 else 0.05) * torch.randn_like(p))
     model.save_pretrained(path)
 
 

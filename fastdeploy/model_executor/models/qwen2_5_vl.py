@@ -30,29 +30,34 @@ class StepMRope:
     """M-RoPE of one step in the shape the attention implementations take a rotary embedding.
 
     The angles of the step's tokens are computed once from their 3-D positions (frequency band
-    ``j`` of ``mrope_section`` - time, height, width - turns with axis ``j``'s position) into a
+    ``j`` turns with the position on axis ``axes[j]``: 0 time, 1 height, 2 width) into a
     ``[T, rotary_dim]`` cos/sin table; the layers then address it with positions ``0..T-1``, so the
     fused rope + KV-cache-write kernel and the plain Paddle path both apply it unchanged.
+    ``is_neox_style`` False rotates interleaved pairs (ERNIE) instead of halves (Qwen).
     """
 
-    is_neox_style = True
-
-    def __init__(self, positions: np.ndarray, inv_freq: np.ndarray, section: Sequence[int]) -> None:
-        axis = np.repeat(np.arange(3), section)  # [rotary_dim / 2]: the axis driving each frequency
-        freqs = (positions.astype(np.float32)[axis] * inv_freq[:, None]).T  # [T, rotary_dim / 2]
+    def __init__(self, positions: np.ndarray, inv_freq: np.ndarray, axes: np.ndarray,
+                 is_neox_style: bool = True) -> None:
+        freqs = (positions.astype(np.float32)[axes] * inv_freq[:, None]).T  # [T, rotary_dim / 2]
+        self.is_neox_style = is_neox_style
         self._cos, self._sin = np.cos(freqs), np.sin(freqs)
         self.kernel_cos_sin = paddle.to_tensor(np.concatenate([self._cos, self._sin], axis=1))
         self.index = paddle.arange(positions.shape[1], dtype="int64")
 
     def get_cos_sin(self, positions: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
-        """Full-width ``cos``/``sin`` ``[T, 1, D]`` (both NeoX halves repeat the bands)."""
-        cos = np.concatenate([self._cos, self._cos], axis=-1)[:, None, :]
-        sin = np.concatenate([self._sin, self._sin], axis=-1)[:, None, :]
-        return paddle.to_tensor(cos), paddle.to_tensor(sin)
+        """Full-width ``cos``/``sin`` ``[T, 1, D]`` (both NeoX halves, or both members of a pair, repeat the bands)."""
+        if self.is_neox_style:
+            cos, sin = (np.concatenate([t, t], axis=-1) for t in (self._cos, self._sin))
+        else:
+            cos, sin = (np.repeat(t, 2, axis=-1) for t in (self._cos, self._sin))
+        return paddle.to_tensor(cos[:, None, :]), paddle.to_tensor(sin[:, None, :])
 
-    @staticmethod
-    def rotate(x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
-        return x * cos + rotate_half(x) * sin
+    def rotate(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor) -> paddle.Tensor:
+        if self.is_neox_style:
+            return x * cos + rotate_half(x) * sin
+        pairs = x.reshape([*x.shape[:-1], -1, 2])  # interleaved: (x0, x1) -> (-x1, x0)
+        rotated = paddle.stack([-pairs[..., 1], pairs[..., 0]], axis=-1).reshape(x.shape)
+        return x * cos + rotated * sin
 
 
 def mrope_positions_of(token_ids: Sequence[int], features: Sequence[Any], merge: int) -> tuple[np.ndarray, int]:
@@ -130,6 +135,15 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
     def tie_word_embeddings(self) -> bool:
         return bool(getattr(self.hf_config, "tie_word_embeddings", False))
 
+    def rope_axes(self) -> np.ndarray:
+        """Per rotary frequency band, the position axis turning it: ``mrope_section`` bands of
+        time, then height, then width."""
+        return np.repeat(np.arange(3), self.mrope_section)
+
+    def run_mlp(self, mlp: paddle.nn.Layer, hidden: paddle.Tensor, input_ids: paddle.Tensor) -> paddle.Tensor:
+        """A layer's feed-forward on the step; models whose experts depend on the token override it."""
+        return mlp(hidden)
+
     # ---- multimodal ----------------------------------------------------------------------
     def get_mrope_input_positions(self, token_ids: Sequence[int], features: Sequence[Any]) -> tuple[np.ndarray, int]:
         return mrope_positions_of(token_ids, features, self.spatial_merge_size)
@@ -156,7 +170,7 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
             hidden = paddle.scatter(hidden, index, mm_embeds.astype(hidden.dtype), overwrite=True)
         if mrope_positions is None:  # text only: all three axes at the 1-D position
             mrope_positions = np.repeat(positions.numpy()[None, :], 3, axis=0)
-        rope = StepMRope(np.asarray(mrope_positions), self._inv_freq, self.mrope_section)
+        rope = StepMRope(np.asarray(mrope_positions), self._inv_freq, self.rope_axes(), self.options.is_neox_style)
         residual = None
         for layer, kv_cache in zip(lm.layers, kv_caches, strict=True):
             if residual is None:
@@ -167,7 +181,7 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
             attn = layer.self_attn
             out = attn.attn.forward_qkv(attn.qkv_proj(hidden), rope.index, rope, kv_cache, attn_metadata, None)
             hidden, residual = layer.post_attention_layernorm(attn.o_proj(out), residual)
-            hidden = layer.mlp(hidden)
+            hidden = self.run_mlp(layer.mlp, hidden, input_ids)
         hidden, _ = lm.norm(hidden, residual)
         return hidden
 

@@ -72,6 +72,17 @@ def segment_mask(cu_seqlens: np.ndarray, total: int) -> paddle.Tensor:
     return paddle.to_tensor(mask[None])
 
 
+def merged_rot_pos(grid_thw: np.ndarray, merge: int) -> np.ndarray:
+    """Per patch (in the processor's merge-grouped order) its row and column: ``[N, 2]``."""
+    out = []
+    for t, h, w in np.asarray(grid_thw).tolist():
+        hpos = np.broadcast_to(np.arange(h)[:, None], (h, w)).reshape(h // merge, merge, w // merge, merge)
+        wpos = np.broadcast_to(np.arange(w)[None, :], (h, w)).reshape(h // merge, merge, w // merge, merge)
+        pos = np.stack([hpos.transpose(0, 2, 1, 3).ravel(), wpos.transpose(0, 2, 1, 3).ravel()], axis=-1)
+        out.append(np.tile(pos, (t, 1)))
+    return np.concatenate(out, axis=0)
+
+
 class Qwen2_5_VisionAttention(nn.Layer):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
@@ -155,15 +166,7 @@ class Qwen2_5_VisionTransformer(nn.Layer):
 
     # ---- host-side index computations ----------------------------------------------------
     def _rot_pos(self, grid_thw: np.ndarray) -> np.ndarray:
-        """Per patch (in the processor's merge-grouped order) its row and column: ``[N, 2]``."""
-        m = self.merge
-        out = []
-        for t, h, w in grid_thw.tolist():
-            hpos = np.broadcast_to(np.arange(h)[:, None], (h, w)).reshape(h // m, m, w // m, m)
-            wpos = np.broadcast_to(np.arange(w)[None, :], (h, w)).reshape(h // m, m, w // m, m)
-            pos = np.stack([hpos.transpose(0, 2, 1, 3).ravel(), wpos.transpose(0, 2, 1, 3).ravel()], axis=-1)
-            out.append(np.tile(pos, (t, 1)))
-        return np.concatenate(out, axis=0)
+        return merged_rot_pos(grid_thw, self.merge)
 
     def _window_index(self, grid_thw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Order of the merged groups that makes each window contiguous, and the window boundaries (in patches)."""

@@ -37,15 +37,12 @@ _MODELS: dict[str, tuple[str, str]] = {
     "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
     "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     "PaddleOCRVLForConditionalGeneration": ("paddleocr_vl", "PaddleOCRVLForConditionalGeneration"),
+    "Ernie4_5_VLMoeForConditionalGeneration": ("ernie4_5_vl", "Ernie4_5_VLMoeForConditionalGeneration"),
 }
 
 
 # Architectures refused by name until what they build on exists.
-_NOT_BUILT: dict[str, str] = {
-    "Ernie4_5_VLMoeForConditionalGeneration": "ERNIE-4.5-VL is a mixture-of-experts vision-language model; "
-    "its vision tower and modality-split experts are not built in FastDeploy yet, so it is not supported "
-    "(Qwen2.5-VL and PaddleOCR-VL are).",
-}
+_NOT_BUILT: dict[str, str] = {}
 
 
 class ModelRegistry:
