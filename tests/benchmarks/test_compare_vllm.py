@@ -178,3 +178,22 @@ def test_servers_do_not_inherit_the_thread_count_fastdeploy_set(monkeypatch):
     assert "OMP_NUM_THREADS" not in compare_vllm.server_environment()
     monkeypatch.setattr(fastdeploy, "USER_SET_OMP_NUM_THREADS", True)
     assert compare_vllm.server_environment()["OMP_NUM_THREADS"] == "2"
+
+
+def test_a_cached_folder_with_another_tokenizer_gets_the_models_own(tmp_path):
+    import json
+
+    from transformers import AutoTokenizer
+
+    from fastdeploy.transformers_utils.tokenizer import get_tokenizer
+
+    ours = get_tokenizer(None)
+    ours.save_pretrained(tmp_path)
+    # transformers' GGUF tokenizer of this file splits without byte-level pre-tokenization: spaces -> <unk>.
+    data = json.load(open(tmp_path / "tokenizer.json"))
+    data["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "never", "split": True}
+    json.dump(data, open(tmp_path / "tokenizer.json", "w"))
+    want = ours(compare_vllm.TOKENIZER_PROBE)["input_ids"]
+    assert AutoTokenizer.from_pretrained(tmp_path)(compare_vllm.TOKENIZER_PROBE)["input_ids"] != want
+    compare_vllm._ensure_same_tokenizer(str(tmp_path), ours)
+    assert AutoTokenizer.from_pretrained(tmp_path)(compare_vllm.TOKENIZER_PROBE)["input_ids"] == want
