@@ -71,7 +71,8 @@ def init_distributed_environment(init: DistributedInit) -> None:
     import paddle.distributed as dist
 
     # Written for Paddle, not read by FastDeploy (which reads its own variables through envs.py).
-    os.environ.update(init.paddle_environment())
+    for name, value in init.paddle_environment().items():
+        os.environ[name] = value
     dist.init_parallel_env()
     if dist.get_world_size() != init.world_size or dist.get_rank() != init.rank:
         raise RuntimeError(f"paddle.distributed joined as rank {dist.get_rank()} of {dist.get_world_size()}, "
