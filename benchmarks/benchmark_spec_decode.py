@@ -13,6 +13,7 @@ TPOT, output tokens/s, and the acceptance rate overall and per draft position.
 
     python benchmarks/benchmark_spec_decode.py --methods none,ngram,suffix --streams 1,16 --num-prompts 8
     python benchmarks/benchmark_spec_decode.py --draft-model /path/to/small-model   # adds draft_model
+    python benchmarks/benchmark_spec_decode.py -q none --output benchmarks/results/spec_decode_bf16.json
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ def main() -> None:
     parser.add_argument("--disable-by-batch-size", type=int, default=None,
                         help="vLLM's disable_by_batch_size for the speculative runs")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quantization", "-q", default=None,
+                        help="the engine's --quantization (default: the GGUF file's blocks; 'none' dequantizes)")
     parser.add_argument("--output", default="benchmarks/results/spec_decode.json")
     args = parser.parse_args()
 
@@ -132,7 +135,7 @@ def main() -> None:
         if config is not None and args.disable_by_batch_size:
             config["disable_by_batch_size"] = args.disable_by_batch_size
         llm = LLM(max_model_len=2048, max_num_seqs=max(streams_list), kv_cache_memory_bytes=1 << 30,
-                  speculative_config=config)
+                  speculative_config=config, quantization=args.quantization)
         if not workloads:
             tok = llm.get_tokenizer()
             workloads = {"copy": copy_prompts(tok, args.num_prompts, args.copy_lines, args.seed),
