@@ -268,6 +268,9 @@ class GlobalScheduler:
                 continue
             # Take up to half of the victim's backlog: it keeps working on the rest.
             count = min(max_num, self.config.max_steal, max(1, queued // 2))
+            # Beat first: the victim checks that whoever runs its request is alive, and after Redis
+            # restarts empty this instance would be unknown until its next heartbeat.
+            self._beat()
             raw = self._call(self._redis.lpop, key, count)
             if raw:
                 logger.debug("Instance %s took %d request(s) from %s", self.name, len(raw), victim)

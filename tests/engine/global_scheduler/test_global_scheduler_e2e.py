@@ -49,7 +49,8 @@ def cluster() -> Iterator[tuple[RedisServer, ApiServer, ApiServer]]:
 
 
 def complete(server: ApiServer, prompt: str, stream: bool = False) -> str:
-    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "stream": stream}
+    # Answers long enough that A is still busy with its first two when B next polls Redis (every 50 ms).
+    body = {"prompt": prompt, "max_tokens": 48, "temperature": 0, "stream": stream}
     if not stream:
         response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120, trust_env=False)
         assert response.status_code == 200, response.text
