@@ -62,12 +62,7 @@ def gguf_kernel_path() -> str:
     Raises:
         ValueError: FD_CPU_GGUF_KERNEL names a path this CPU cannot run.
     """
-    wanted, paths = envs.cpu_gguf_kernel(), gguf_kernel_paths()
-    if wanted == "auto":
-        return paths[0]
-    if wanted not in paths:
-        raise ValueError(f"FD_CPU_GGUF_KERNEL={wanted} cannot run on this CPU; it runs: {', '.join(paths)}.")
-    return wanted
+    return _chosen_path("FD_CPU_GGUF_KERNEL", envs.cpu_gguf_kernel(), gguf_kernel_paths())
 
 
 def int_kernel_paths() -> list[str]:
@@ -83,11 +78,15 @@ def int_kernel_path() -> str:
     Raises:
         ValueError: FD_CPU_INT_KERNEL names a path this CPU cannot run.
     """
-    wanted, paths = envs.cpu_int_kernel(), int_kernel_paths()
+    return _chosen_path("FD_CPU_INT_KERNEL", envs.cpu_int_kernel(), int_kernel_paths())
+
+
+def _chosen_path(variable: str, wanted: str, paths: list[str]) -> str:
+    """``wanted`` (an override read from ``variable``) if this CPU runs it, the best of ``paths`` for "auto"."""
     if wanted == "auto":
         return paths[0]
     if wanted not in paths:
-        raise ValueError(f"FD_CPU_INT_KERNEL={wanted} cannot run on this CPU; it runs: {', '.join(paths)}.")
+        raise ValueError(f"{variable}={wanted} cannot run on this CPU; it runs: {', '.join(paths)}.")
     return wanted
 
 

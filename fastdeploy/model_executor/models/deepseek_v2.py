@@ -36,7 +36,7 @@ from fastdeploy.model_executor.layers.logits_processor import LogitsProcessor
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope, yarn_get_mscale
 from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
-from fastdeploy.model_executor.models.llama import LlamaForCausalLM, LlamaMLP
+from fastdeploy.model_executor.models.llama import LlamaForCausalLM, LlamaMLP, prenorm_layer_forward
 from fastdeploy.model_executor.models.moe import COMMON_CHECKS, MoEModelMixin, SparseMoeBlock, refuse_unsupported
 from fastdeploy.model_executor.utils import new_parameter
 
@@ -193,14 +193,7 @@ class DeepseekV2DecoderLayer(nn.Layer):
     def forward(self, positions: paddle.Tensor, hidden_states: paddle.Tensor, residual: paddle.Tensor | None,
                 kv_cache: tuple[paddle.Tensor, ...], attn_metadata: AttentionMetadata
                 ) -> tuple[paddle.Tensor, paddle.Tensor]:
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        return prenorm_layer_forward(self, positions, hidden_states, residual, kv_cache, attn_metadata)
 
 
 class DeepseekV2Model(nn.Layer):

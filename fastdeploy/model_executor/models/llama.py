@@ -164,6 +164,22 @@ class LlamaAttention(nn.Layer):
         return self.o_proj(out)
 
 
+def prenorm_layer_forward(layer: nn.Layer, positions: paddle.Tensor, hidden_states: paddle.Tensor,
+                          residual: paddle.Tensor | None, kv_cache: Any, attn_metadata: Any
+                          ) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """A pre-norm decoder layer op by op: norm, attention, residual-fused norm, MLP (Llama's shape,
+    shared by the architectures whose layers have ``input_layernorm``, ``self_attn``,
+    ``post_attention_layernorm`` and ``mlp``)."""
+    if residual is None:
+        residual = hidden_states
+        hidden_states = layer.input_layernorm(hidden_states)
+    else:
+        hidden_states, residual = layer.input_layernorm(hidden_states, residual)
+    hidden_states = layer.self_attn(positions, hidden_states, kv_cache, attn_metadata)
+    hidden_states, residual = layer.post_attention_layernorm(hidden_states, residual)
+    return layer.mlp(hidden_states), residual
+
+
 class LlamaDecoderLayer(nn.Layer):
     """Pre-norm decoder block; the residual stream is carried separately so norms fuse the add.
 
@@ -235,14 +251,7 @@ class LlamaDecoderLayer(nn.Layer):
                 hidden_states, residual, *fused[0], positions, kv_cache[0], kv_cache[1], md.slot_mapping,
                 md.block_tables, md.query_start_loc, md.seq_lens, *fused[1],
             )  # fmt: skip
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        return prenorm_layer_forward(self, positions, hidden_states, residual, kv_cache, attn_metadata)
 
 
 class LlamaModel(nn.Layer):
