@@ -165,13 +165,14 @@ def w8a8_pack(weight: paddle.Tensor) -> paddle.Tensor:
     return _run("fd_w8a8_pack", weight)[0]
 
 
-def w8a8_linear(x: paddle.Tensor, packed: paddle.Tensor, wscale: paddle.Tensor, bias: paddle.Tensor | None,
-                n: int) -> paddle.Tensor:
-    """W8A8 on oneDNN: rows of ``x`` quantized to int8 (per-token scale), times int8 weights with per-column scales."""
-    return _run("fd_w8a8_linear", x, packed, wscale, bias, n)[0]
+def w8a8_linear(x: paddle.Tensor, packed: paddle.Tensor, wscale: paddle.Tensor, wsum: paddle.Tensor,
+                bias: paddle.Tensor | None, n: int) -> paddle.Tensor:
+    """W8A8 on oneDNN: rows of ``x`` quantized to u8 with a per-token scale and zero point, times int8
+    weights with per-column scales ``wscale`` and column sums ``wsum`` (int32, for the zero points)."""
+    return _run("fd_w8a8_linear", x, packed, wscale, wsum, bias, n)[0]
 
 
-def w8a8_linear_portable(x: paddle.Tensor, weight: paddle.Tensor, wscale: paddle.Tensor,
+def w8a8_linear_portable(x: paddle.Tensor, weight: paddle.Tensor, wscale: paddle.Tensor, wsum: paddle.Tensor,
                          bias: paddle.Tensor | None) -> paddle.Tensor:
     """W8A8 in portable C++ (int8 ``weight [N, K]``), where oneDNN's int8 matmul is not used."""
-    return _run("fd_w8a8_linear_portable", x, weight, wscale, bias)[0]
+    return _run("fd_w8a8_linear_portable", x, weight, wscale, wsum, bias)[0]

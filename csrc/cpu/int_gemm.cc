@@ -9,9 +9,6 @@
 // (two 256-bit ones) and "scalar" (portable C++). Each is compiled for its own instructions
 // (`#pragma GCC target`) whatever CPU builds the library; the platform picks one at start-up
 // (fastdeploy/platforms/cpu.py, FD_CPU_INT_KERNEL) and the op refuses a path the CPU cannot run.
-//
-// Also here: the portable path of W8A8 (int8 activations x int8 weights, int32 sums), used
-// where oneDNN's int8 matmul (int_gemm_onednn.cc) is not.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -212,33 +209,6 @@ void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, 
   }
 }
 
-void quantize_rows_int8(const float* x, int64_t m, int64_t k, int8_t* q, float* scale) {
-#pragma omp parallel for schedule(static) if (m >= 16)
-  for (int64_t r = 0; r < m; ++r) {
-    const float* row = x + r * k;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(row[i]));
-    const float d = amax / 127.0f;
-    const float inv = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int64_t i = 0; i < k; ++i) q[r * k + i] = static_cast<int8_t>(std::nearbyint(row[i] * inv));
-    scale[r] = d;
-  }
-}
-
-void w8a8_gemm_portable(const int8_t* q, const float* xscale, int64_t m, int64_t k, const int8_t* w_nk,
-                        const float* wscale, const float* bias, int64_t n, float* out) {
-#pragma omp parallel for schedule(static) if (m * n >= 4096)
-  for (int64_t c = 0; c < n; ++c) {
-    const int8_t* wc = w_nk + c * k;
-    for (int64_t r = 0; r < m; ++r) {
-      const int8_t* xr = q + r * k;
-      int32_t acc = 0;
-      for (int64_t i = 0; i < k; ++i) acc += static_cast<int32_t>(xr[i]) * wc[i];
-      out[r * n + c] = static_cast<float>(acc) * wscale[c] * xscale[r] + (bias != nullptr ? bias[c] : 0.0f);
-    }
-  }
-}
-
 }  // namespace fastdeploy_cpu
 
 namespace {
@@ -292,31 +262,3 @@ PD_BUILD_OP(fd_int_linear)
     .Outputs({"out"})
     .Attrs({"n: int64_t", "bits: int", "group: int64_t", "isa: int"})
     .SetKernelFn(PD_KERNEL(IntLinear));
-
-// The portable W8A8 path: x [..., K] float32, weight int8 [N, K], wscale [N] -> [..., N] float32.
-std::vector<paddle::Tensor> W8A8LinearPortable(const paddle::Tensor& x, const paddle::Tensor& weight,
-                                               const paddle::Tensor& wscale,
-                                               const paddle::optional<paddle::Tensor>& bias) {
-  fastdeploy_cpu::check_cpu_contiguous(x, "x");
-  fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
-  fastdeploy_cpu::check_dtype(weight, paddle::DataType::INT8, "weight");
-  const auto& shape = x.shape();
-  const int64_t k = shape.back(), n = weight.shape()[0];
-  const int64_t m = k ? x.numel() / k : 0;
-  PD_CHECK(weight.shape().size() == 2 && weight.shape()[1] == k, "fd_w8a8_linear_portable: weight must be [N, K].");
-  PD_CHECK(wscale.numel() == n, "fd_w8a8_linear_portable: wscale must have N elements.");
-  std::vector<int64_t> out_shape(shape.begin(), shape.end());
-  out_shape.back() = n;
-  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
-  std::vector<int8_t> q(m * k);
-  std::vector<float> xs(m);
-  fastdeploy_cpu::quantize_rows_int8(x.data<float>(), m, k, q.data(), xs.data());
-  fastdeploy_cpu::w8a8_gemm_portable(q.data(), xs.data(), m, k, weight.data<int8_t>(), wscale.data<float>(),
-                                     optional_bias(bias, n, "fd_w8a8_linear_portable"), n, out.data<float>());
-  return {out};
-}
-
-PD_BUILD_OP(fd_w8a8_linear_portable)
-    .Inputs({"x", "weight", "wscale", paddle::Optional("bias")})
-    .Outputs({"out"})
-    .SetKernelFn(PD_KERNEL(W8A8LinearPortable));

@@ -54,12 +54,11 @@ dt weight_type(const std::string& dtype) {
   PD_THROW("fd_linear: weight dtype must be 'bfloat16' or 'float32', got '" + dtype + "'.");
 }
 
-// W8A8 (s8 activations x s8 weights): the weights' per-column scales are applied by oneDNN.
-dnnl::primitive_attr int8_attr(dt wdt) {
-  dnnl::primitive_attr attr;
-  if (wdt == dt::s8) attr.set_scales_mask(DNNL_ARG_WEIGHTS, 1 << 1);
-  return attr;
-}
+// W8A8 is keyed by its weights' type s8: u8 activations (with zero points, w8a8.cc) times s8
+// weights into exact int32 sums, scaled afterwards. A u8 source needs no compensation for the
+// weights (an s8 one does, and packs it beside them), and VNNI's vpdpbusd takes u8 x s8 as is.
+dt int8_src_type(dt wdt) { return wdt == dt::s8 ? dt::u8 : wdt; }
+dt int8_dst_type(dt wdt) { return wdt == dt::s8 ? dt::s32 : dt::f32; }
 
 // The packed weight layout for (K, N, dtype), negotiated once with format_tag::any.
 memory::desc packed_weight_desc(int64_t k, int64_t n, dt wdt) {
@@ -69,9 +68,9 @@ memory::desc packed_weight_desc(int64_t k, int64_t n, dt wdt) {
   auto key = std::make_tuple(k, n, static_cast<int>(wdt));
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  dnnl::matmul::primitive_desc pd(cpu_engine(), memory::desc({kPackReferenceM, k}, wdt, tag::ab),
+  dnnl::matmul::primitive_desc pd(cpu_engine(), memory::desc({kPackReferenceM, k}, int8_src_type(wdt), tag::ab),
                                   memory::desc({k, n}, wdt, tag::any),
-                                  memory::desc({kPackReferenceM, n}, dt::f32, tag::ab), int8_attr(wdt));
+                                  memory::desc({kPackReferenceM, n}, int8_dst_type(wdt), tag::ab));
   memory::desc md = pd.weights_desc();
   cache.emplace(key, md);
   return md;
@@ -126,15 +125,14 @@ class MatmulCache {
   static CachedMatmul create(const PrimitiveKey& key) {
     const dt wdt = static_cast<dt>(key.wdt);
     CachedMatmul c;
-    c.src = memory::desc({key.m, key.k}, wdt, tag::ab);
+    c.src = memory::desc({key.m, key.k}, int8_src_type(wdt), tag::ab);
     c.weights = packed_weight_desc(key.k, key.n, wdt);
-    c.dst = memory::desc({key.m, key.n}, dt::f32, tag::ab);
+    c.dst = memory::desc({key.m, key.n}, int8_dst_type(wdt), tag::ab);
     if (key.bias) {
       c.bias = memory::desc({1, key.n}, dt::f32, tag::ab);
       c.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.bias, c.dst));
     } else {
-      c.primitive =
-          dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.dst, int8_attr(wdt)));
+      c.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.dst));
     }
     return c;
   }
@@ -293,9 +291,10 @@ PD_BUILD_OP(fd_linear)
 
 // ----------------------------------------------------------------------------- W8A8 (oneDNN)
 //
-// int8 weights [K, N] with per-column scales, activations quantized per row to int8 when each
-// call starts (fastdeploy_cpu::quantize_rows_int8). oneDNN's int8 matmul sums in int32, which is
-// exact: a row's result is the same whatever M is, so no M = 1 special case is needed.
+// int8 weights [K, N] with per-column scales; activations quantized per row to u8 with a zero point
+// when each call starts (fastdeploy_cpu::quantize_rows_u8, w8a8.cc). oneDNN sums u8 x s8 in int32
+// (exact: a row's result is the same whatever M is, so no M = 1 special case is needed) straight
+// into the output buffer, which w8a8_epilogue then turns into fp32 in place.
 
 // weight int8 [K, N] -> packed bytes for fd_w8a8_linear.
 std::vector<paddle::Tensor> W8A8Pack(const paddle::Tensor& weight) {
@@ -312,11 +311,13 @@ std::vector<paddle::Tensor> W8A8Pack(const paddle::Tensor& weight) {
   return {packed};
 }
 
-// x [..., K] float32, packed int8 weight, wscale [N] float32, optional bias [N] -> [..., N] float32.
+// x [..., K] float32, packed int8 weight, wscale [N] float32, wsum [N] int32 (the weight's column
+// sums), optional bias [N] -> [..., N] float32.
 std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Tensor& packed,
-                                       const paddle::Tensor& wscale, const paddle::optional<paddle::Tensor>& bias,
-                                       int64_t n) {
+                                       const paddle::Tensor& wscale, const paddle::Tensor& wsum,
+                                       const paddle::optional<paddle::Tensor>& bias, int64_t n) {
   fastdeploy_cpu::check_cpu_contiguous(x, "x");
+  fastdeploy_cpu::check_cpu_contiguous(packed, "packed");
   fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
   const auto& shape = x.shape();
   PD_CHECK(!shape.empty(), "fd_w8a8_linear: x must have at least one dimension.");
@@ -324,41 +325,29 @@ std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Te
   const int64_t m = k ? x.numel() / k : 0;
   PD_CHECK(packed.numel() == static_cast<int64_t>(packed_weight_desc(k, n, dt::s8).get_size()),
            "fd_w8a8_linear: the packed weight does not match [K, N].");
-  PD_CHECK(wscale.numel() == n, "fd_w8a8_linear: wscale must have N elements.");
+  fastdeploy_cpu::check_w8a8_operands(wscale, wsum, bias, n, "fd_w8a8_linear");
   std::vector<int64_t> out_shape(shape.begin(), shape.end());
   out_shape.back() = n;
   auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
   if (m == 0) return {out};
-  const float* bias_data = nullptr;
-  if (bias.is_initialized()) {
-    fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
-    PD_CHECK(bias->numel() == n, "fd_w8a8_linear: bias must have N elements.");
-    bias_data = bias->data<float>();
-  }
-  thread_local std::vector<int8_t> q;
+  // Per-thread scratch that only grows: no allocation per call once the longest prefill has run.
+  thread_local std::vector<uint8_t> q;
   thread_local std::vector<float> xscale;
-  q.resize(m * k);
-  xscale.resize(m);
-  fastdeploy_cpu::quantize_rows_int8(x.data<float>(), m, k, q.data(), xscale.data());
+  thread_local std::vector<int32_t> xzero;
+  if (static_cast<int64_t>(q.size()) < m * k) q.resize(m * k);
+  if (static_cast<int64_t>(xscale.size()) < m) xscale.resize(m), xzero.resize(m);
+  fastdeploy_cpu::quantize_rows_u8(x.data<float>(), m, k, q.data(), xscale.data(), xzero.data());
   CachedMatmul mm = matmul_cache().get({m, k, n, static_cast<int>(dt::s8), false, omp_get_max_threads()});
   auto& eng = cpu_engine();
   float* dst = out.data<float>();
   memory src_m(mm.src, eng, q.data());
   memory w_m(mm.weights, eng, const_cast<void*>(packed.data()));
-  memory dst_m(mm.dst, eng, dst);
-  memory scale_m(memory::desc({n}, dt::f32, tag::a), eng, const_cast<float*>(wscale.data<float>()));
-  mm.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, src_m},
-                                      {DNNL_ARG_WEIGHTS, w_m},
-                                      {DNNL_ARG_DST, dst_m},
-                                      {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, scale_m}});
+  memory dst_m(mm.dst, eng, dst);  // int32 sums, converted in place below
+  mm.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DST, dst_m}});
   cpu_stream().wait();
-  // The row's activation scale, then the bias (which oneDNN would add before it). A plain pointer:
-  // inside the parallel loop `xscale` would name each worker thread's own (empty) vector.
-  const float* xs = xscale.data();
-#pragma omp parallel for schedule(static) if (m >= 16)
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t c = 0; c < n; ++c) dst[r * n + c] = dst[r * n + c] * xs[r] + (bias_data ? bias_data[c] : 0.0f);
-  }
+  fastdeploy_cpu::w8a8_epilogue(reinterpret_cast<const int32_t*>(dst), m, n, xscale.data(), xzero.data(),
+                                wscale.data<float>(), wsum.data<int32_t>(),
+                                bias.is_initialized() ? bias->data<float>() : nullptr, dst);
   return {out};
 }
 
@@ -368,7 +357,7 @@ PD_BUILD_OP(fd_w8a8_pack)
     .SetKernelFn(PD_KERNEL(W8A8Pack));
 
 PD_BUILD_OP(fd_w8a8_linear)
-    .Inputs({"x", "packed", "wscale", paddle::Optional("bias")})
+    .Inputs({"x", "packed", "wscale", "wsum", paddle::Optional("bias")})
     .Outputs({"out"})
     .Attrs({"n: int64_t"})
     .SetKernelFn(PD_KERNEL(W8A8Linear));

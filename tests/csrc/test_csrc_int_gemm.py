@@ -1,4 +1,4 @@
-"""fd_int_linear (csrc/cpu/int_gemm.cc) and the W8A8 ops against reference dequantization + fp64 matmul.
+"""fd_int_linear (csrc/cpu/int_gemm.cc) against reference dequantization + fp64 matmul.
 
 Every path this CPU runs (FD_CPU_INT_KERNEL's names) is checked: every row-tile height and
 remainder, a column count off the 16-column panel, a part-filled last int4 group, a bias; and
@@ -96,47 +96,3 @@ def test_bad_operands_are_refused():
     with pytest.raises(Exception, match="int4 needs mins"):
         t = [paddle.to_tensor(a) for a in packed]
         ops.int_linear(paddle.to_tensor(x), t[0], t[1], None, None, N, 4, 128, 0)
-
-
-# ---------------------------------------------------------------------------------------- W8A8
-
-
-def quantize_rows(x):
-    """The kernel's per-token activation quantization: scale max|x| / 127, nearest (ties to even)."""
-    d = (np.abs(x).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    return np.rint(x * inv), d
-
-
-W8A8_PATHS = ["onednn", "scalar"]
-
-
-def w8a8(x, q, s, path, bias=None):
-    b = None if bias is None else paddle.to_tensor(bias)
-    if path == "onednn":
-        return ops.w8a8_linear(paddle.to_tensor(x), ops.w8a8_pack(paddle.to_tensor(q)), paddle.to_tensor(s), b,
-                               q.shape[1]).numpy()
-    return ops.w8a8_linear_portable(paddle.to_tensor(x), paddle.to_tensor(np.ascontiguousarray(q.T)),
-                                    paddle.to_tensor(s), b).numpy()
-
-
-@pytest.mark.parametrize("path", W8A8_PATHS)
-def test_w8a8_is_exact_integer_sums_times_the_scales(path):
-    w = rng.standard_normal((K, N)).astype(np.float32)
-    q, s = quantize_int8(w)
-    bias = rng.standard_normal(N).astype(np.float32)
-    for m in ROWS:
-        x = rng.standard_normal((m, K)).astype(np.float32)
-        qx, dx = quantize_rows(x)
-        want = (qx.astype(np.float64) @ q.astype(np.float64)) * s * dx + bias
-        got = w8a8(x, q, s, path, bias)
-        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max(), err_msg=f"M={m}")
-
-
-@pytest.mark.parametrize("path", W8A8_PATHS)
-def test_w8a8_rows_are_independent_of_the_batch(path):
-    q, s = quantize_int8(rng.standard_normal((K, N)).astype(np.float32))
-    x = rng.standard_normal((17, K)).astype(np.float32)
-    together = w8a8(x, q, s, path)
-    alone = np.concatenate([w8a8(x[i : i + 1], q, s, path) for i in range(len(x))])
-    np.testing.assert_array_equal(together, alone)

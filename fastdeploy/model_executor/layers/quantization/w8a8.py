@@ -1,11 +1,16 @@
-"""``w8a8``: int8 weights per output channel, activations quantized per token to int8 at every call.
+"""``w8a8``: int8 weights per output channel, activations quantized per token to u8 at every call.
 
 vLLM CPU serves this form of compressed-tensors checkpoints (dynamic per-token activation
-scales); here a bf16/fp32 checkpoint is quantized when it loads. The matmul is oneDNN's int8
-matmul (``csrc/cpu/linear.cc``: VNNI ``vpdpbusd`` where the CPU has it, else AVX2
-``vpmaddubsw``, with int32 sums), or portable C++ under ``FD_CPU_INT_KERNEL=scalar``. Without
-VNNI the weights keep 7 bits (the platform's ``w8a8_weight_max``): ``vpmaddubsw`` adds pairs of
-u8 x s8 products in int16, which 8-bit activations times 8-bit weights would overflow.
+scales, its asymmetric input scheme: a scale and a zero point per token); here a bf16/fp32
+checkpoint is quantized when it loads. A token's row ``x`` becomes ``q = round(x / s) + z`` in
+0..255 with ``s = (hi - lo) / 255``, ``z = round(-lo / s)`` (``lo``/``hi`` the row's min/max, widened
+to hold 0), and ``y = s * ws * (q @ qw - z * sum_k qw)`` with the weights' column sums computed at
+load (``csrc/cpu/w8a8.cc``). Against symmetric int8 activations this halves the rounding step of
+rows whose range is lopsided. The matmul is oneDNN's u8 x s8 matmul (``csrc/cpu/linear.cc``: VNNI
+``vpdpbusd`` where the CPU has it, else AVX2 ``vpmaddubsw``, with int32 sums), or portable C++
+under ``FD_CPU_INT_KERNEL=scalar``. Without VNNI the weights keep 7 bits (the platform's
+``w8a8_weight_max``): ``vpmaddubsw`` adds pairs of u8 x s8 products in int16, which 8-bit
+activations times 8-bit weights would overflow (255 * 63 * 2 < 2^15 does not).
 
 Every row's result is exact integer sums times its own scales: independent of the batch.
 """
@@ -28,7 +33,7 @@ from fastdeploy.model_executor.layers.quantization.weight_only import is_quantiz
 
 
 class W8A8LinearMethod(LinearMethodBase):
-    """A linear layer with int8 weights and per-token int8 activations.
+    """A linear layer with int8 weights and per-token asymmetric u8 activations.
 
     Args:
         path: "onednn" or "scalar" (the platform's ``OpBackend.w8a8``).
@@ -47,22 +52,24 @@ class W8A8LinearMethod(LinearMethodBase):
             return True
         q, scales = quantize_int8(layer.weight.numpy(), self.weight_max)
         wscale = paddle.to_tensor(scales)
+        wsum = paddle.to_tensor(q.sum(axis=0, dtype=np.int32))  # the zero points' correction, once
         if self.path == "onednn":
             weight = ops.w8a8_pack(paddle.to_tensor(q))
         else:
             weight = paddle.to_tensor(np.ascontiguousarray(q.T))
         layer.register_buffer("qweight", weight, persistable=True)
         layer.register_buffer("weight_scale", wscale, persistable=True)
+        layer.register_buffer("weight_sum", wsum, persistable=True)
         object.__setattr__(layer, "_w8a8_q", q)  # [K, N] int8, for dense_weight
-        object.__setattr__(layer, "_w8a8_args", (weight, wscale, layer.bias))
+        object.__setattr__(layer, "_w8a8_args", (weight, wscale, wsum, layer.bias))
         layer.weight = None
         return True
 
     def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
-        weight, wscale, bias = layer._w8a8_args
+        weight, wscale, wsum, bias = layer._w8a8_args
         if self.path == "onednn":
-            return ops.w8a8_linear(x, weight, wscale, bias, layer.output_size)
-        return ops.w8a8_linear_portable(x, weight, wscale, bias)
+            return ops.w8a8_linear(x, weight, wscale, wsum, bias, layer.output_size)
+        return ops.w8a8_linear_portable(x, weight, wscale, wsum, bias)
 
     def dense_weight(self, layer: LinearBase) -> paddle.Tensor:
         """The dequantized ``[in, out]`` weight (the activations' rounding is not in it)."""
@@ -71,7 +78,7 @@ class W8A8LinearMethod(LinearMethodBase):
 
 @register_quantization_config("w8a8")
 class W8A8Config(QuantizationConfig):
-    """``--quantization w8a8``: per-channel int8 weights quantized at load, dynamic per-token int8 activations.
+    """``--quantization w8a8``: per-channel int8 weights quantized at load, dynamic per-token u8 activations.
 
     Raises:
         RuntimeError: neither oneDNN's int8 matmul nor the portable kernel is built here.
