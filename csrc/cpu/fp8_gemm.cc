@@ -73,7 +73,7 @@ struct Ops {
   };
   using Acc = W;
   using X = float;
-  static constexpr int kRows = 4;
+  static constexpr int kRows = 4, kPanels = 1;
   const float* table = tables().f32;
 
   static F zero() { return F{}; }
@@ -122,7 +122,7 @@ struct Ops {
   };
   using Acc = W;
   using X = float;
-  static constexpr int kRows = 2;
+  static constexpr int kRows = 2, kPanels = 1;
 
   static F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -200,7 +200,8 @@ struct Ops512 {
   struct Acc {
     __m512 c[2];  // the even and the odd k pairs
   };
-  static constexpr int kRows = 4;
+  // Two panels per tile: each activation broadcast feeds both.
+  static constexpr int kRows = 4, kPanels = 2;
   static F zero() { return _mm512_setzero_ps(); }
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(F v, float* p) { _mm512_storeu_ps(p, v); }

@@ -17,7 +17,7 @@
 //        the prepared row x (chain 0 / 1: the even / odd pairs, for paths that keep two chains),
 //        sum(acc) -> F;
 //   X: the element type of a prepared activation row (kXStride elements per k pair);
-//   kRows: rows per tile.
+//   kRows, kPanels: rows and panels per tile.
 using F = Ops::F;
 using W = Ops::W;
 using Acc = Ops::Acc;
@@ -41,68 +41,89 @@ inline void store_cols(const F& v, const float* bias, int64_t ncols, float* dst)
   for (int64_t c = 0; c < ncols; ++c) dst[c] = tmp[c] + (bias != nullptr ? bias[c] : 0.0f);
 }
 
-// R rows of one panel; `decoded` is the panel decoded (kh entries), or null to decode in registers.
-template <int R>
+// R rows of P (1 or 2) adjacent panels sharing each activation load; `decoded` is the panels decoded
+// (kh entries each, one after the other), or null to decode in registers.
+template <int R, int P>
 void tile(const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* decoded) {
   const uint8_t* wp = a.w + panel * a.kh * 2 * kPanel;
+  const int64_t wstride = a.kh * 2 * kPanel;
   const X* x = a.x + r0 * a.ldx;
-  F total[R];
+  F total[R][P];
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) total[r] = Ops::zero();
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < P; ++q) total[r][q] = Ops::zero();
   for (int64_t g = 0; g < a.groups; ++g) {
     const int64_t j0 = g * a.group_pairs;
     const int64_t j1 = j0 + a.group_pairs < a.kh ? j0 + a.group_pairs : a.kh;
-    Acc acc[R];
+    Acc acc[R][P];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r] = Ops::zero_acc();
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < P; ++q) acc[r][q] = Ops::zero_acc();
     int64_t j = j0;
     for (; j + 1 < j1; j += 2) {
-      const W w0 = decoded != nullptr ? decoded[j] : ops.decode(wp + j * 2 * kPanel);
-      const W w1 = decoded != nullptr ? decoded[j + 1] : ops.decode(wp + (j + 1) * 2 * kPanel);
+      W w0[P], w1[P];
+      for (int q = 0; q < P; ++q) {
+        w0[q] = decoded != nullptr ? decoded[q * a.kh + j] : ops.decode(wp + q * wstride + j * 2 * kPanel);
+        w1[q] = decoded != nullptr ? decoded[q * a.kh + j + 1] : ops.decode(wp + q * wstride + (j + 1) * 2 * kPanel);
+      }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
-        Ops::madd(acc[r], x + r * a.ldx, j, w0, 0);
-        Ops::madd(acc[r], x + r * a.ldx, j + 1, w1, 1);
+        for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j, w0[q], 0);
+        for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j + 1, w1[q], 1);
       }
     }
     if (j < j1) {
-      const W w0 = decoded != nullptr ? decoded[j] : ops.decode(wp + j * 2 * kPanel);
+      for (int q = 0; q < P; ++q) {
+        const W w0 = decoded != nullptr ? decoded[q * a.kh + j] : ops.decode(wp + q * wstride + j * 2 * kPanel);
 #pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) Ops::madd(acc[r], x + r * a.ldx, j, w0, 0);
+        for (int r = 0; r < R; ++r) Ops::madd(acc[r][q], x + r * a.ldx, j, w0, 0);
+      }
     }
-    const F s = Ops::load(a.scales + (panel * a.groups + g) * kPanel);
+    for (int q = 0; q < P; ++q) {
+      const F s = Ops::load(a.scales + ((panel + q) * a.groups + g) * kPanel);
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) total[r] = Ops::fma(s, Ops::sum(acc[r]), total[r]);
+      for (int r = 0; r < R; ++r) total[r][q] = Ops::fma(s, Ops::sum(acc[r][q]), total[r][q]);
+    }
   }
-  const int64_t c0 = panel * kPanel;
-  const int64_t ncols = a.n - c0 < kPanel ? a.n - c0 : kPanel;
-  const float* bias = a.bias != nullptr ? a.bias + c0 : nullptr;
+  for (int q = 0; q < P; ++q) {
+    const int64_t c0 = (panel + q) * kPanel;
+    const int64_t ncols = a.n - c0 < kPanel ? a.n - c0 : kPanel;
+    const float* bias = a.bias != nullptr ? a.bias + c0 : nullptr;
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) store_cols(total[r], bias, ncols, a.out + (r0 + r) * a.n + c0);
+    for (int r = 0; r < R; ++r) store_cols(total[r][q], bias, ncols, a.out + (r0 + r) * a.n + c0);
+  }
 }
 
-template <int R>
+template <int R, int P>
 void tile_rows(int rows, const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* decoded) {
   if constexpr (R > 1) {
-    if (rows < R) return tile_rows<R - 1>(rows, ops, a, r0, panel, decoded);
+    if (rows < R) return tile_rows<R - 1, P>(rows, ops, a, r0, panel, decoded);
   }
-  tile<R>(ops, a, r0, panel, decoded);
+  tile<R, P>(ops, a, r0, panel, decoded);
 }
 
-// Panels [pb, pe) for every row. With more rows than one tile, each panel is decoded once into
-// `buffer` (kh entries) and every row tile reads it there; one tile decodes in registers.
+// Panels [pb, pe) for every row, Ops::kPanels at a time (the last alone where one is left over).
+// With more rows than one tile, the panels are decoded once into `buffer` (kPanels * kh entries)
+// and every row tile reads them there; one tile decodes in registers.
 void panels(const Args& a, int64_t pb, int64_t pe, W* buffer) {
   const Ops ops;
-  for (int64_t p = pb; p < pe; ++p) {
+  for (int64_t p = pb; p < pe; p += Ops::kPanels) {
+    const int count = static_cast<int>(pe - p < Ops::kPanels ? pe - p : Ops::kPanels);
     const W* decoded = nullptr;
     if (a.m > kRows) {
-      const uint8_t* wp = a.w + p * a.kh * 2 * kPanel;
-      for (int64_t j = 0; j < a.kh; ++j) buffer[j] = ops.decode(wp + j * 2 * kPanel);
+      for (int q = 0; q < count; ++q) {
+        const uint8_t* wp = a.w + (p + q) * a.kh * 2 * kPanel;
+        for (int64_t j = 0; j < a.kh; ++j) buffer[q * a.kh + j] = ops.decode(wp + j * 2 * kPanel);
+      }
       decoded = buffer;
     }
     for (int64_t r = 0; r < a.m; r += kRows) {
       const int rows = static_cast<int>(a.m - r < kRows ? a.m - r : kRows);
-      tile_rows<kRows>(rows, ops, a, r, p, decoded);
+      if (count == Ops::kPanels) {
+        tile_rows<kRows, Ops::kPanels>(rows, ops, a, r, p, decoded);
+      } else {
+        tile_rows<kRows, 1>(rows, ops, a, r, p, decoded);
+      }
     }
   }
 }
@@ -118,7 +139,7 @@ void gemm(const X* x, int64_t m, int64_t ldx, int64_t kh, const uint8_t* w, int6
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t pb = num_panels * t / nt, pe = num_panels * (t + 1) / nt;
     thread_local std::vector<W> buffer;
-    if (m > kRows && static_cast<int64_t>(buffer.size()) < kh) buffer.resize(kh);
+    if (m > kRows && static_cast<int64_t>(buffer.size()) < Ops::kPanels * kh) buffer.resize(Ops::kPanels * kh);
     if (pb < pe) panels(args, pb, pe, buffer.data());
   }
 }
