@@ -15,8 +15,9 @@ The first three dequantize the GGUF at load (``--quantization none``).
   bf16 kernel is built: oneDNN on AMX / AVX512-BF16, the panel kernel on AVX2);
 - ``gguf``: ``--quantization gguf`` (a GGUF file's default), the file's Q4_1 / Q8_0 blocks multiplied by the block
   kernels (csrc/cpu/gguf_gemm.cc), bf16 KV cache where kernels-bf16 has one.
-- ``hf-bf16``, ``wint8``, ``wint4``, ``w8a8``: the same weights as a Hugging Face folder, in bf16
-  and quantized at load by ``--quantization`` (csrc/cpu/int_gemm.cc; oneDNN's int8 matmul for w8a8).
+- ``hf-bf16``, ``wint8``, ``wint4``, ``w8a8``, ``fp8``: the same weights as a Hugging Face folder, in bf16
+  and quantized at load by ``--quantization`` (csrc/cpu/int_gemm.cc; oneDNN's int8 matmul for w8a8;
+  csrc/cpu/fp8_gemm.cc's e4m3 weights for fp8).
 
 Figures (medians): decode step at batch 1 and 16, each sequence with ``--context`` tokens of
 context, and the prefill of one ``--prefill-len``-token prompt; one process per thread count.
@@ -54,10 +55,10 @@ import time
 # name -> (dtype, quantization); "none": the GGUF file dequantized at load (without -q it is served in its blocks).
 CONFIGS = {"paddle-fp32": ("float32", "none"), "kernels-fp32": ("float32", "none"), "kernels-bf16": ("bfloat16", "none"),
            "gguf": ("auto", "gguf"), "hf-bf16": ("bfloat16", None), "wint8": ("auto", "wint8"),
-           "wint4": ("auto", "wint4"), "w8a8": ("auto", "w8a8")}
+           "wint4": ("auto", "wint4"), "w8a8": ("auto", "w8a8"), "fp8": ("auto", "fp8")}
 # Configurations of the default model's weights as a Hugging Face folder (the integer formats quantize it at
 # load; hf-bf16 is their baseline).
-HF_CONFIGS = ("hf-bf16", "wint8", "wint4", "w8a8")
+HF_CONFIGS = ("hf-bf16", "wint8", "wint4", "w8a8", "fp8")
 
 
 def hf_model() -> str:

@@ -160,6 +160,17 @@ def int_linear(x: paddle.Tensor, qweight: paddle.Tensor, scales: paddle.Tensor, 
     return _run("fd_int_linear", x, qweight, scales, mins, bias, n, bits, group, isa)[0]
 
 
+def fp8_linear(x: paddle.Tensor, qweight: paddle.Tensor, scales: paddle.Tensor, bias: paddle.Tensor | None, n: int,
+               group: int, isa: int) -> paddle.Tensor:
+    """``x [..., K] @ W (+ bias)`` -> ``[..., n]`` fp32 with e4m3 weights widened in registers (csrc/cpu/fp8_gemm.cc).
+
+    ``qweight``/``scales`` are in the layout of ``fp8_gemm_impl.h``
+    (:func:`fastdeploy.model_executor.layers.quantization.fp8.pack_fp8`), ``group`` (even) rows of K per
+    scale; ``isa`` the kernel path (0 scalar, 1 AVX2, 2 AVX-512, 3 AVX512-BF16), chosen by the platform.
+    """
+    return _run("fd_fp8_linear", x, qweight, scales, bias, n, group, isa)[0]
+
+
 def w8a8_pack(weight: paddle.Tensor) -> paddle.Tensor:
     """int8 ``[K, N]`` weights reordered for oneDNN's int8 matmul (uint8 bytes for :func:`w8a8_linear`)."""
     return _run("fd_w8a8_pack", weight)[0]

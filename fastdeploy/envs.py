@@ -115,6 +115,14 @@ def cpu_int_kernel() -> str:
     return value
 
 
+def cpu_fp8_kernel() -> str:
+    """FD_CPU_FP8_KERNEL: the fp8-weight kernel path ("auto", "avx512-bf16", "avx512", "avx2" or "scalar")."""
+    value = _first("FD_CPU_FP8_KERNEL", default="auto") or "auto"
+    if value not in ("auto", "avx512-bf16", "avx512", "avx2", "scalar"):
+        raise ValueError(f"FD_CPU_FP8_KERNEL must be auto, avx512-bf16, avx512, avx2 or scalar, got {value!r}.")
+    return value
+
+
 def cpu_wide_step_tokens() -> int:
     """FD_CPU_WIDE_STEP_TOKENS: steps of this many tokens compute on every core while the CPU is free (128)."""
     return _int("FD_CPU_WIDE_STEP_TOKENS", default=128)

@@ -81,6 +81,24 @@ def int_kernel_path() -> str:
     return _chosen_path("FD_CPU_INT_KERNEL", envs.cpu_int_kernel(), int_kernel_paths())
 
 
+def fp8_kernel_paths() -> list[str]:
+    """The fp8-weight kernel paths this CPU can run, best first (csrc/cpu/fp8_gemm.cc): bf16 dot products
+    (``vdpbf16ps``) on AVX512-BF16, fp32 FMAs on AVX-512, on AVX2 (with F16C), plain C++."""
+    flags = cpu_flags()
+    avx512 = {"avx512f", "avx512bw", "avx512vl"} <= flags
+    paths = (["avx512-bf16"] if avx512 and "avx512_bf16" in flags else []) + (["avx512"] if avx512 else [])
+    return paths + (["avx2"] if cpu_has_avx2_fma() and "f16c" in flags else []) + ["scalar"]
+
+
+def fp8_kernel_path() -> str:
+    """The fp8-weight kernel path: FD_CPU_FP8_KERNEL when set, else the best this CPU runs.
+
+    Raises:
+        ValueError: FD_CPU_FP8_KERNEL names a path this CPU cannot run.
+    """
+    return _chosen_path("FD_CPU_FP8_KERNEL", envs.cpu_fp8_kernel(), fp8_kernel_paths())
+
+
 def _chosen_path(variable: str, wanted: str, paths: list[str]) -> str:
     """``wanted`` (an override read from ``variable``) if this CPU runs it, the best of ``paths`` for "auto"."""
     if wanted == "auto":
@@ -115,6 +133,10 @@ class CpuPlatform(Platform):
         "w4afp8": "W4AFP8 computes with FP8 activations, and these CPUs have no FP8 arithmetic",
         "wint2": "W2A16 (wint2) runs on FastDeploy's GPU 2-bit weight kernels only; no CPU kernel is built for it",
         "w2a16": "W2A16 (FastDeploy's wint2) runs on GPU 2-bit weight kernels only; no CPU kernel is built for it",
+        # The name config.json carries; its fp8 form (float-quantized, strategy "channel") is the one asked for.
+        "compressed-tensors": "compressed-tensors checkpoints (fp8 float-quantized per channel, int8 W8A8) have no "
+                              "loader here; fp8 checkpoints in vLLM's Fp8Config form (quant_method 'fp8': per-tensor "
+                              "weight_scale or block-wise weight_scale_inv) are served with --quantization fp8",
     }
 
     @property
@@ -227,6 +249,7 @@ class CpuPlatform(Platform):
                 int_gemm=int_kernel_path() if "fd_int_linear" in built else "paddle",
                 w8a8=w8a8,
                 w8a8_weight_max=w8a8_weight_max,
+                fp8=fp8_kernel_path() if "fd_fp8_linear" in built else "paddle",
             )
         return self._op_backend
 

@@ -57,6 +57,9 @@ class OpBackend:
     # w8a8_weight_max: the largest |int8 weight|, 63 where the CPU has no VNNI (vpmaddubsw saturates int16).
     w8a8: str = "paddle"
     w8a8_weight_max: int = 127
+    # fp8 (e4m3) weight kernels (--quantization fp8, csrc/cpu/fp8_gemm.cc): "avx512-bf16", "avx512", "avx2",
+    # "scalar" or "paddle" (not built: the format is refused). "avx512-bf16" serves bf16 models only.
+    fp8: str = "paddle"
 
     def uses_kernel(self, op: str) -> bool:
         """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention", "fused_moe") runs our kernel."""

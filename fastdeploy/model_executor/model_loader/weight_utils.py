@@ -64,7 +64,41 @@ def _safetensors_header(path: str) -> tuple[int, dict[str, Any]]:
     return 8 + size, header
 
 
-def _decode(buf: np.ndarray, dtype: str, shape: list[int], name: str) -> np.ndarray:
+# safetensors' fp8 dtypes -> the format names of --quantization fp8.
+FP8_DTYPES = {"F8_E4M3": "e4m3", "F8_E5M2": "e5m2"}
+
+
+class Float8Tensor:
+    """An fp8 safetensors tensor kept as its bytes (``raw``, uint8): numpy has no fp8.
+
+    Only the fp8 linear method reads it (``raw``, ``fmt``); anything else that asks for its values
+    is refused, because the bytes mean nothing without the tensor's scales.
+    """
+
+    def __init__(self, raw: np.ndarray, fmt: str, name: str) -> None:
+        self.raw, self.fmt, self.name = raw, fmt, name
+        self.shape = raw.shape
+        self.ndim = raw.ndim
+        self.dtype = raw.dtype
+
+    @property
+    def T(self) -> Float8Tensor:  # noqa: N802 - numpy's name
+        return Float8Tensor(self.raw.T, self.fmt, self.name)
+
+    def __getitem__(self, index: Any) -> Float8Tensor:
+        return Float8Tensor(self.raw[index], self.fmt, self.name)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        raise ValueError(f"Tensor {self.name} is fp8 ({self.fmt}); only --quantization fp8 loads fp8 weights "
+                         "(this layer or model is not quantized with it).")
+
+
+def _decode(buf: np.ndarray, dtype: str, shape: list[int], name: str) -> np.ndarray | Float8Tensor:
+    if dtype in FP8_DTYPES:
+        return Float8Tensor(buf.view(np.uint8).reshape(shape), FP8_DTYPES[dtype], name)
     if dtype == "BF16":
         # bf16 is the top half of an fp32: widen exactly.
         return (buf.view("<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)

@@ -5,7 +5,8 @@ the platform refuses a ``--quantization`` it does not list (``Platform.supported
 A format registers its :class:`QuantizationConfig` with :func:`register_quantization_config`.
 Built: ``gguf`` (:mod:`.gguf`, GGUF files served in their own blocks; a GGUF file's default, as in vLLM),
 ``wint8`` / ``wint4`` (:mod:`.weight_only`, W8A16 / W4A16 quantized at load), ``w8a8`` (:mod:`.w8a8`),
-``awq`` / ``gptq`` (:mod:`.awq_gptq`, 4-bit checkpoints, chosen by their ``quantization_config``).
+``awq`` / ``gptq`` (:mod:`.awq_gptq`, 4-bit checkpoints, chosen by their ``quantization_config``),
+``fp8`` (:mod:`.fp8`, e4m3 weights: an fp8 checkpoint, or quantized at load).
 ``none`` (:data:`NO_QUANTIZATION`) asks for no method at all: a GGUF file is then dequantized at load.
 Which method a model gets is decided once at start-up (:mod:`.selection`). The registry is the one
 list of methods: the CPU platform supports what is registered here.
@@ -25,6 +26,7 @@ _BUILTIN_MODULES = (
     "fastdeploy.model_executor.layers.quantization.weight_only",
     "fastdeploy.model_executor.layers.quantization.w8a8",
     "fastdeploy.model_executor.layers.quantization.awq_gptq",
+    "fastdeploy.model_executor.layers.quantization.fp8",
 )
 _builtins_loaded = False
 # --quantization none: no method, whatever the checkpoint would default to (a GGUF file is dequantized at load).

@@ -113,7 +113,7 @@ def test_a_mismatched_or_unknown_method_is_refused(tmp_path):
     config["quantization_config"] = {"quant_method": "bitsandbytes"}
     json.dump(config, open(os.path.join(q_dir, "config.json"), "w"))
     with pytest.raises(ValueError, match=r"names the method 'bitsandbytes', which FastDeploy does not know\. "
-                                         r"Supported on cpu: awq, gguf"):
+                                         r"Supported on cpu: awq, fp8, gguf"):
         EngineArgs(model=q_dir).create_engine_config()
 
 

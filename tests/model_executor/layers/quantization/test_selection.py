@@ -40,12 +40,12 @@ def test_a_gguf_file_is_served_in_its_blocks_by_default_and_none_dequantizes_it(
 @pytest.mark.parametrize("name, why", [("w4a8", "W4A8"), ("w4afp8", "FP8"), ("wint2", "W2A16"), ("w2a16", "W2A16")])
 def test_gpu_only_formats_are_refused_by_name_with_the_supported_list(name, why):
     with pytest.raises(ValueError, match=rf"quantization='{name}' is not supported on cpu: .*{why}.*"
-                                         r"Supported: awq, gguf, gptq, w8a8, wint4, wint8 .*'none'"):
+                                         r"Supported: awq, fp8, gguf, gptq, w8a8, wint4, wint8 .*'none'"):
         config(quantization=name)
 
 
 def test_an_unknown_method_is_refused_with_the_supported_list():
-    with pytest.raises(ValueError, match=r"Unknown quantization method: 'nf5'\. Supported on cpu: awq, gguf, gptq, w8a8, wint4, wint8"):
+    with pytest.raises(ValueError, match=r"Unknown quantization method: 'nf5'\. Supported on cpu: awq, fp8, gguf, gptq, w8a8, wint4, wint8"):
         config(quantization="nf5")
 
 
@@ -59,7 +59,7 @@ def test_a_checkpoint_naming_an_unknown_method_is_refused(tmp_path):
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg, f)
     with pytest.raises(ValueError, match=r"names the method 'squeezellm', which FastDeploy does not know\. "
-                                         r"Supported on cpu: awq, gguf, gptq, w8a8, wint4, wint8"):
+                                         r"Supported on cpu: awq, fp8, gguf, gptq, w8a8, wint4, wint8"):
         config(model=path)
     cfg["quantization_config"] = {"quant_method": "w4afp8"}  # a known one without CPU instructions
     with open(os.path.join(path, "config.json"), "w") as f:
@@ -121,7 +121,7 @@ def test_a_tensor_type_without_a_kernel_is_refused_at_start_up_by_name(gguf_with
 
 
 def test_the_supported_list_is_the_registry_seen_through_the_platform(monkeypatch):
-    assert selection.supported_methods(current_platform) == ["awq", "gguf", "gptq", "w8a8", "wint4", "wint8"]
+    assert selection.supported_methods(current_platform) == ["awq", "fp8", "gguf", "gptq", "w8a8", "wint4", "wint8"]
     monkeypatch.setattr(type(current_platform), "supported_quantization", ["gguf", "not-registered"])
     assert selection.supported_methods(current_platform) == ["gguf"]
     with pytest.raises(ValueError, match="Unknown quantization method: 'not-registered'"):

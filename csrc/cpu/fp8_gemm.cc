@@ -1,0 +1,355 @@
+// fp8 (e4m3, float8_e4m3fn) weights, widened in the kernel: W8A16 with bf16 or fp32 activations.
+//
+// The weights stay one byte each in memory (what a decode step reads) and are widened in
+// registers, 16 output columns at a time, with a scale per column and group of K rows
+// (per channel: one group; DeepSeek-V3's 128x128 blocks: groups of 128). e4m3 has a sign, 4
+// exponent bits (bias 7) and 3 mantissa bits; codes 0x7F / 0xFF are NaN and there is no
+// infinity; exponent 0 holds the subnormals m * 2^-9. Layout and arithmetic: fp8_gemm_impl.h.
+//
+// Four paths over that one template, each compiled for its own instructions (`#pragma GCC
+// target`) whatever CPU builds the library; the platform picks one at start-up
+// (fastdeploy/platforms/cpu.py, FD_CPU_FP8_KERNEL) and the op refuses a path the CPU cannot run:
+//   "avx512-bf16": codes -> bf16 by a 128-entry table lookup (vpermt2w), `vdpbf16ps` with the
+//                  activations rounded to bf16 (the model computes in bf16);
+//   "avx512":      the same decode, widened to fp32, fp32 FMAs on fp32 activations;
+//   "avx2":        codes -> fp16 by shifts (e4m3 is fp16 with a narrower exponent), `vcvtph2ps`,
+//                  fp32 FMAs; the values are 2^-8 of the weights, which the group sum undoes exactly;
+//   "scalar":      portable C++ through a 256-entry fp32 table.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu_utils.h"
+
+namespace fastdeploy_cpu {
+
+enum Fp8Isa : int { kFp8Scalar = 0, kFp8Avx2 = 1, kFp8Avx512 = 2, kFp8Avx512Bf16 = 3 };
+
+namespace {
+
+// The value of an e4m3 code, from the bit definition.
+float e4m3_value(int code) {
+  const int e = (code >> 3) & 15, m = code & 7;
+  if ((code & 0x7F) == 0x7F) return std::nanf("");
+  const float mag = e != 0 ? std::ldexp(1.0f + m / 8.0f, e - 7) : std::ldexp(m / 8.0f, -6);
+  return (code & 0x80) != 0 ? -mag : mag;
+}
+
+struct E4m3Tables {
+  float f32[256];
+  uint16_t bf16_mag[128];  // bf16 of codes 0..127 (exact: 3 mantissa bits fit bf16's 7)
+  E4m3Tables() {
+    for (int c = 0; c < 256; ++c) f32[c] = e4m3_value(c);
+    for (int c = 0; c < 128; ++c) {
+      uint32_t u;
+      std::memcpy(&u, &f32[c], sizeof(u));
+      bf16_mag[c] = c == 0x7F ? 0x7FC0 : static_cast<uint16_t>(u >> 16);
+    }
+  }
+};
+
+const E4m3Tables& tables() {
+  static const E4m3Tables t;
+  return t;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ scalar path
+
+namespace fp8_scalar {
+
+struct Ops {
+  struct F {
+    float v[16];
+  };
+  struct W {
+    float v[32];  // column c, half h at 2c + h
+  };
+  using Acc = W;
+  using X = float;
+  static constexpr int kRows = 4, kPanels = 1;
+  const float* table = tables().f32;
+
+  static F zero() { return F{}; }
+  static F load(const float* p) {
+    F r;
+    std::memcpy(r.v, p, sizeof(r.v));
+    return r;
+  }
+  static void store(const F& a, float* p) { std::memcpy(p, a.v, sizeof(a.v)); }
+  static F fma(const F& a, const F& b, F c) {
+    for (int i = 0; i < 16; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+    return c;
+  }
+  W decode(const uint8_t* p) const {
+    W w;
+    for (int i = 0; i < 32; ++i) w.v[i] = table[p[i]];
+    return w;
+  }
+  static Acc zero_acc() { return Acc{}; }
+  static void madd(Acc& acc, const float* x, int64_t j, const W& w, int) {
+    for (int i = 0; i < 32; ++i) acc.v[i] = std::fma(x[2 * j + (i & 1)], w.v[i], acc.v[i]);
+  }
+  static F sum(const Acc& acc) {
+    F r;
+    for (int c = 0; c < 16; ++c) r.v[c] = acc.v[2 * c] + acc.v[2 * c + 1];
+    return r;
+  }
+};
+
+#include "fp8_gemm_impl.h"
+
+}  // namespace fp8_scalar
+
+// ------------------------------------------------------------------------ AVX2 + FMA path
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace fp8_avx2 {
+
+struct Ops {
+  struct F {
+    __m256 a, b;
+  };
+  struct W {
+    __m256 v[4];  // columns 4i .. 4i+3, each as (k0, k1), in units of 2^8
+  };
+  using Acc = W;
+  using X = float;
+  static constexpr int kRows = 2, kPanels = 1;
+
+  static F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static void store(const F& v, float* p) {
+    _mm256_storeu_ps(p, v.a);
+    _mm256_storeu_ps(p + 8, v.b);
+  }
+  static F fma(const F& x, const F& y, const F& c) {
+    return {_mm256_fmadd_ps(x.a, y.a, c.a), _mm256_fmadd_ps(x.b, y.b, c.b)};
+  }
+  // 16 codes -> 16 fp16: the byte in the top half, shifted right by one keeping the sign, then the
+  // sign's copy cleared; fp16's 5-bit exponent (bias 15) then reads e4m3's (bias 7) times 2^-8,
+  // subnormals included (vcvtph2ps widens fp16 subnormals exactly). NaN codes become 0xFFFF.
+  static __m256i fp16x16(__m128i codes) {
+    __m256i h = _mm256_srai_epi16(_mm256_slli_epi16(_mm256_cvtepu8_epi16(codes), 8), 1);
+    h = _mm256_and_si256(h, _mm256_set1_epi16(static_cast<int16_t>(0xBFFF)));
+    const __m256i mag = _mm256_and_si256(h, _mm256_set1_epi16(0x3F80));
+    return _mm256_or_si256(h, _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3F80)));
+  }
+  W decode(const uint8_t* p) const {
+    const __m256i lo = fp16x16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = fp16x16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+    return {{_mm256_cvtph_ps(_mm256_castsi256_si128(lo)), _mm256_cvtph_ps(_mm256_extracti128_si256(lo, 1)),
+             _mm256_cvtph_ps(_mm256_castsi256_si128(hi)), _mm256_cvtph_ps(_mm256_extracti128_si256(hi, 1))}};
+  }
+  static Acc zero_acc() { return {{_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}}; }
+  static void madd(Acc& acc, const float* x, int64_t j, const W& w, int) {
+    // (x[2j], x[2j+1]) in every pair of lanes.
+    const __m256 xp = _mm256_castpd_ps(_mm256_broadcast_sd(reinterpret_cast<const double*>(x + 2 * j)));
+    for (int i = 0; i < 4; ++i) acc.v[i] = _mm256_fmadd_ps(xp, w.v[i], acc.v[i]);
+  }
+  // Lanes (2c, 2c+1) -> column c, times 2^8 (exact).
+  static __m256 columns(__m256 a, __m256 b) {
+    const __m256 h = _mm256_hadd_ps(a, b);  // c0 c1 c4 c5 | c2 c3 c6 c7
+    return _mm256_mul_ps(_mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(h), 0xD8)), _mm256_set1_ps(256.0f));
+  }
+  static F sum(const Acc& acc) { return {columns(acc.v[0], acc.v[1]), columns(acc.v[2], acc.v[3])}; }
+};
+
+#include "fp8_gemm_impl.h"
+
+}  // namespace fp8_avx2
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------------------ AVX-512 paths
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl")
+namespace fp8_avx512_decode {
+
+// 32 codes -> 32 bf16 (k0 in the low half of each 32-bit lane, k1 in the high one): the magnitude
+// from the 128-entry table in four registers (vpermt2w picks among 64 words by the low 6 bits;
+// bit 6 picks the pair of registers), the sign moved to bit 15.
+struct Bf16Decoder {
+  __m512i t0, t1, t2, t3;
+  Bf16Decoder() {
+    const uint16_t* t = tables().bf16_mag;
+    t0 = _mm512_loadu_si512(t);
+    t1 = _mm512_loadu_si512(t + 32);
+    t2 = _mm512_loadu_si512(t + 64);
+    t3 = _mm512_loadu_si512(t + 96);
+  }
+  __m512i bf16x32(const uint8_t* p) const {
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i lo = _mm512_permutex2var_epi16(t0, w, t1);
+    const __m512i hi = _mm512_permutex2var_epi16(t2, w, t3);
+    const __m512i mag = _mm512_mask_blend_epi16(_mm512_test_epi16_mask(w, _mm512_set1_epi16(0x40)), lo, hi);
+    return _mm512_or_si512(mag, _mm512_slli_epi16(_mm512_and_si512(w, _mm512_set1_epi16(0x80)), 8));
+  }
+};
+
+// F and the scale step of both AVX-512 paths.
+struct Ops512 {
+  using F = __m512;
+  struct Acc {
+    __m512 c[2];  // the even and the odd k pairs
+  };
+  // Two panels per tile: each activation broadcast feeds both.
+  static constexpr int kRows = 4, kPanels = 2;
+  static F zero() { return _mm512_setzero_ps(); }
+  static F load(const float* p) { return _mm512_loadu_ps(p); }
+  static void store(F v, float* p) { _mm512_storeu_ps(p, v); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static Acc zero_acc() { return {{_mm512_setzero_ps(), _mm512_setzero_ps()}}; }
+  static F sum(const Acc& acc) { return _mm512_add_ps(acc.c[0], acc.c[1]); }
+};
+
+}  // namespace fp8_avx512_decode
+
+namespace fp8_avx512 {
+
+struct Ops : fp8_avx512_decode::Ops512 {
+  struct W {
+    __m512 k0, k1;
+  };
+  using X = float;
+  fp8_avx512_decode::Bf16Decoder decoder;
+
+  W decode(const uint8_t* p) const {
+    const __m512i v = decoder.bf16x32(p);
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(v, 16)),
+            _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))))};
+  }
+  static void madd(Acc& acc, const float* x, int64_t j, const W& w, int chain) {
+    acc.c[chain] = _mm512_fmadd_ps(_mm512_set1_ps(x[2 * j]), w.k0, acc.c[chain]);
+    acc.c[chain] = _mm512_fmadd_ps(_mm512_set1_ps(x[2 * j + 1]), w.k1, acc.c[chain]);
+  }
+};
+
+#include "fp8_gemm_impl.h"
+
+}  // namespace fp8_avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")
+namespace fp8_avx512_bf16 {
+
+struct Ops : fp8_avx512_decode::Ops512 {
+  struct W {
+    __m512i v;
+  };
+  using X = uint32_t;  // (bf16 x[2j], bf16 x[2j+1]) in one word
+  fp8_avx512_decode::Bf16Decoder decoder;
+
+  W decode(const uint8_t* p) const { return {decoder.bf16x32(p)}; }
+  static void madd(Acc& acc, const uint32_t* x, int64_t j, const W& w, int chain) {
+    acc.c[chain] = _mm512_dpbf16_ps(acc.c[chain], reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(x[j]))),
+                                    reinterpret_cast<__m512bh>(w.v));
+  }
+};
+
+#include "fp8_gemm_impl.h"
+
+}  // namespace fp8_avx512_bf16
+#pragma GCC pop_options
+
+// ------------------------------------------------------------------------------ entry points
+
+namespace {
+
+bool fp8_isa_supported(int isa) {
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl");
+  switch (isa) {
+    case kFp8Scalar: return true;
+    case kFp8Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case kFp8Avx512: return avx512;
+    case kFp8Avx512Bf16: return avx512 && __builtin_cpu_supports("avx512bf16");
+    default: return false;
+  }
+}
+
+}  // namespace
+
+// out[m, n] = x[m, k] @ W (+ bias), W in fp8_gemm_impl.h's layout with `group` (even) rows of K per scale.
+void fp8_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t group, const float* scales,
+              const float* bias, int64_t n, int isa, float* out) {
+  if (m == 0 || n == 0) return;
+  PD_CHECK(fp8_isa_supported(isa), "fd_fp8_linear: this CPU cannot run kernel path " + std::to_string(isa) + ".");
+  const int64_t kh = (k + 1) / 2, group_pairs = group / 2, groups = (kh + group_pairs - 1) / group_pairs;
+  if (isa == kFp8Avx512Bf16) {
+    // Each row rounded to bf16 once, in pairs (a zero past an odd K).
+    thread_local std::vector<uint32_t> xb;
+    xb.assign(m * kh, 0);
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t i = 0; i < k; ++i) {
+        xb[r * kh + i / 2] |= static_cast<uint32_t>(float_to_bf16(x[r * k + i])) << (16 * (i & 1));
+      }
+    }
+    fp8_avx512_bf16::gemm(xb.data(), m, kh, kh, w, groups, group_pairs, scales, bias, n, out);
+    return;
+  }
+  const float* xs = x;
+  thread_local std::vector<float> padded;
+  if (k % 2 != 0) {  // the kernels read x in pairs
+    padded.assign(m * 2 * kh, 0.0f);
+    for (int64_t r = 0; r < m; ++r) std::memcpy(&padded[r * 2 * kh], x + r * k, k * sizeof(float));
+    xs = padded.data();
+  }
+  switch (isa) {
+    case kFp8Avx512: fp8_avx512::gemm(xs, m, 2 * kh, kh, w, groups, group_pairs, scales, bias, n, out); break;
+    case kFp8Avx2: fp8_avx2::gemm(xs, m, 2 * kh, kh, w, groups, group_pairs, scales, bias, n, out); break;
+    default: fp8_scalar::gemm(xs, m, 2 * kh, kh, w, groups, group_pairs, scales, bias, n, out); break;
+  }
+}
+
+}  // namespace fastdeploy_cpu
+
+// x [..., K] float32, qweight uint8 [ceil(N/16) * ceil(K/2) * 32], scales float32 [ceil(N/16) * G * 16],
+// optional bias [N] -> [..., N] float32.
+std::vector<paddle::Tensor> Fp8Linear(const paddle::Tensor& x, const paddle::Tensor& qweight,
+                                      const paddle::Tensor& scales, const paddle::optional<paddle::Tensor>& bias,
+                                      int64_t n, int64_t group, int isa) {
+  fastdeploy_cpu::check_cpu_contiguous(x, "x");
+  fastdeploy_cpu::check_cpu_contiguous(qweight, "qweight");
+  fastdeploy_cpu::check_cpu_contiguous(scales, "scales");
+  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
+  fastdeploy_cpu::check_dtype(qweight, paddle::DataType::UINT8, "qweight");
+  fastdeploy_cpu::check_dtype(scales, paddle::DataType::FLOAT32, "scales");
+  const auto& shape = x.shape();
+  PD_CHECK(!shape.empty(), "fd_fp8_linear: x must have at least one dimension.");
+  const int64_t k = shape.back();
+  const int64_t m = k ? x.numel() / k : 0;
+  PD_CHECK(group > 0 && group % 2 == 0, "fd_fp8_linear: group must be even and positive.");
+  const int64_t panels = (n + 15) / 16, kh = (k + 1) / 2;
+  const int64_t groups = (kh + group / 2 - 1) / (group / 2);
+  PD_CHECK(qweight.numel() == panels * kh * 32,
+           "fd_fp8_linear: qweight does not match [K, N] = [" + std::to_string(k) + ", " + std::to_string(n) + "].");
+  PD_CHECK(scales.numel() == panels * groups * 16, "fd_fp8_linear: scales have the wrong size.");
+  const float* bias_data = nullptr;
+  if (bias.is_initialized()) {
+    fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
+    PD_CHECK(bias->numel() == n, "fd_fp8_linear: bias must have N elements.");
+    bias_data = bias->data<float>();
+  }
+  std::vector<int64_t> out_shape(shape.begin(), shape.end());
+  out_shape.back() = n;
+  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  fastdeploy_cpu::fp8_gemm(x.data<float>(), m, k, qweight.data<uint8_t>(), group, scales.data<float>(), bias_data, n,
+                           isa, out.data<float>());
+  return {out};
+}
+
+PD_BUILD_OP(fd_fp8_linear)
+    .Inputs({"x", "qweight", "scales", paddle::Optional("bias")})
+    .Outputs({"out"})
+    .Attrs({"n: int64_t", "group: int64_t", "isa: int"})
+    .SetKernelFn(PD_KERNEL(Fp8Linear));

@@ -1,0 +1,145 @@
+// The fp8 (e4m3) weight GEMM of fp8_gemm.cc, included once per instruction set inside that
+// set's namespace (and `#pragma GCC target`) after that set's `Ops`.
+//
+// Layout (built by fastdeploy/model_executor/layers/quantization/fp8.py, pack_fp8):
+//   qweight [ceil(N/16)][Kh][16][2] bytes, Kh = ceil(K/2): panel p, k pair j, column c, half h
+//           holds the e4m3 code of W[2j + h, 16p + c] (0 = +0.0 past N or K);
+//   scales  [ceil(N/16)][G][16] fp32, one per group of `group` rows of K (even) and column:
+//           out = sum_g scale[g] * sum_{k in g} x[k] * e4m3(q[k]).
+// Every (row, column) is the same chain of operations in the order of K whichever tile computes
+// it and whether its panel was decoded into the buffer or in registers, so a row's result never
+// depends on the rest of the batch or on the thread count.
+
+// Each path's `Ops` (defined before the include) gives:
+//   F (16 fp32 lanes) with zero(), load(), store(), fma(a, b, c) = a * b + c;
+//   W: one k pair of 16 columns decoded (decode(bytes) from 32 bytes of the panel);
+//   Acc: one row's sums over a group, zero_acc(), madd(acc, x, j, w, chain) adding k pair j of
+//        the prepared row x (chain 0 / 1: the even / odd pairs, for paths that keep two chains),
+//        sum(acc) -> F;
+//   X: the element type of a prepared activation row (kXStride elements per k pair);
+//   kRows, kPanels: rows and panels per tile.
+using F = Ops::F;
+using W = Ops::W;
+using Acc = Ops::Acc;
+using X = Ops::X;
+
+constexpr int kPanel = 16;
+constexpr int kRows = Ops::kRows;
+
+struct Args {
+  const X* x;  // [m][ldx]: prepared rows
+  int64_t m, ldx, kh, n, groups, group_pairs;
+  const uint8_t* w;
+  const float* scales;
+  const float* bias;
+  float* out;  // [m, n]
+};
+
+inline void store_cols(const F& v, const float* bias, int64_t ncols, float* dst) {
+  alignas(64) float tmp[kPanel];
+  Ops::store(v, tmp);
+  for (int64_t c = 0; c < ncols; ++c) dst[c] = tmp[c] + (bias != nullptr ? bias[c] : 0.0f);
+}
+
+// R rows of P (1 or 2) adjacent panels sharing each activation load; `decoded` is the panels decoded
+// (kh entries each, one after the other), or null to decode in registers.
+template <int R, int P>
+void tile(const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* decoded) {
+  const uint8_t* wp = a.w + panel * a.kh * 2 * kPanel;
+  const int64_t wstride = a.kh * 2 * kPanel;
+  const X* x = a.x + r0 * a.ldx;
+  F total[R][P];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < P; ++q) total[r][q] = Ops::zero();
+  for (int64_t g = 0; g < a.groups; ++g) {
+    const int64_t j0 = g * a.group_pairs;
+    const int64_t j1 = j0 + a.group_pairs < a.kh ? j0 + a.group_pairs : a.kh;
+    Acc acc[R][P];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < P; ++q) acc[r][q] = Ops::zero_acc();
+    int64_t j = j0;
+    for (; j + 1 < j1; j += 2) {
+      W w0[P], w1[P];
+      for (int q = 0; q < P; ++q) {
+        w0[q] = decoded != nullptr ? decoded[q * a.kh + j] : ops.decode(wp + q * wstride + j * 2 * kPanel);
+        w1[q] = decoded != nullptr ? decoded[q * a.kh + j + 1] : ops.decode(wp + q * wstride + (j + 1) * 2 * kPanel);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j, w0[q], 0);
+        for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j + 1, w1[q], 1);
+      }
+    }
+    if (j < j1) {
+      for (int q = 0; q < P; ++q) {
+        const W w0 = decoded != nullptr ? decoded[q * a.kh + j] : ops.decode(wp + q * wstride + j * 2 * kPanel);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) Ops::madd(acc[r][q], x + r * a.ldx, j, w0, 0);
+      }
+    }
+    for (int q = 0; q < P; ++q) {
+      const F s = Ops::load(a.scales + ((panel + q) * a.groups + g) * kPanel);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) total[r][q] = Ops::fma(s, Ops::sum(acc[r][q]), total[r][q]);
+    }
+  }
+  for (int q = 0; q < P; ++q) {
+    const int64_t c0 = (panel + q) * kPanel;
+    const int64_t ncols = a.n - c0 < kPanel ? a.n - c0 : kPanel;
+    const float* bias = a.bias != nullptr ? a.bias + c0 : nullptr;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) store_cols(total[r][q], bias, ncols, a.out + (r0 + r) * a.n + c0);
+  }
+}
+
+template <int R, int P>
+void tile_rows(int rows, const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* decoded) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_rows<R - 1, P>(rows, ops, a, r0, panel, decoded);
+  }
+  tile<R, P>(ops, a, r0, panel, decoded);
+}
+
+// Panels [pb, pe) for every row, Ops::kPanels at a time (the last alone where one is left over).
+// With more rows than one tile, the panels are decoded once into `buffer` (kPanels * kh entries)
+// and every row tile reads them there; one tile decodes in registers.
+void panels(const Args& a, int64_t pb, int64_t pe, W* buffer) {
+  const Ops ops;
+  for (int64_t p = pb; p < pe; p += Ops::kPanels) {
+    const int count = static_cast<int>(pe - p < Ops::kPanels ? pe - p : Ops::kPanels);
+    const W* decoded = nullptr;
+    if (a.m > kRows) {
+      for (int q = 0; q < count; ++q) {
+        const uint8_t* wp = a.w + (p + q) * a.kh * 2 * kPanel;
+        for (int64_t j = 0; j < a.kh; ++j) buffer[q * a.kh + j] = ops.decode(wp + j * 2 * kPanel);
+      }
+      decoded = buffer;
+    }
+    for (int64_t r = 0; r < a.m; r += kRows) {
+      const int rows = static_cast<int>(a.m - r < kRows ? a.m - r : kRows);
+      if (count == Ops::kPanels) {
+        tile_rows<kRows, Ops::kPanels>(rows, ops, a, r, p, decoded);
+      } else {
+        tile_rows<kRows, 1>(rows, ops, a, r, p, decoded);
+      }
+    }
+  }
+}
+
+// The whole GEMM on this path: threads take contiguous ranges of panels.
+void gemm(const X* x, int64_t m, int64_t ldx, int64_t kh, const uint8_t* w, int64_t groups, int64_t group_pairs,
+          const float* scales, const float* bias, int64_t n, float* out) {
+  const Args args{x, m, ldx, kh, n, groups, group_pairs, w, scales, bias, out};
+  const int64_t num_panels = (n + kPanel - 1) / kPanel;
+  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, num_panels / 4)));
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t pb = num_panels * t / nt, pe = num_panels * (t + 1) / nt;
+    thread_local std::vector<W> buffer;
+    if (m > kRows && static_cast<int64_t>(buffer.size()) < Ops::kPanels * kh) buffer.resize(Ops::kPanels * kh);
+    if (pb < pe) panels(args, pb, pe, buffer.data());
+  }
+}
