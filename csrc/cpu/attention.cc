@@ -163,7 +163,7 @@ constexpr int64_t kTileRows = 48;   // target query rows (tokens x heads of a gr
 // Each row's arithmetic is the same whichever rows share its group, so outputs stay
 // batch-invariant.
 inline void tile_rows_d64(const float* q, const float* keys_t, const float* values, const int64_t* row_pos,
-                          int64_t key0, int64_t num_keys, float* row_max, float* row_sum, float* probs, float* acc) {
+                          int64_t key0, int64_t num_keys, float* row_max, float* row_sum_v, float* probs, float* acc) {
   V16 s[kRowGroup];
   for (int rr = 0; rr < kRowGroup; ++rr) s[rr] = v16_zero();
   for (int64_t d = 0; d < 64; ++d) {
@@ -184,7 +184,9 @@ inline void tile_rows_d64(const float* q, const float* keys_t, const float* valu
     v16_store(p, s[rr]);
 #pragma omp simd
     for (int64_t k = 0; k < kKeyTile; ++k) p[k] = k < valid ? fastdeploy_cpu::exp_approx(p[k] - new_max) : 0.0f;
-    row_sum[rr] = row_sum[rr] * alpha[rr] + v16_reduce_add(v16_load(p));
+    // Lane-wise running sums, reduced once per row at the end: no horizontal sum per tile.
+    float* sum = row_sum_v + rr * kKeyTile;
+    v16_store(sum, v16_fmadd(v16_load(sum), v16_set1(alpha[rr]), v16_load(p)));
     row_max[rr] = new_max;
   }
   for (int r0 = 0; r0 < kRowGroup; r0 += kPvRows) {
@@ -238,7 +240,7 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
 #pragma omp parallel if (num_items > 1) reduction(|| : bad_context)
   {
     std::vector<float> q_rows(max_rows * head_dim), acc(max_rows * head_dim);
-    std::vector<float> row_max(max_rows), row_sum(max_rows);
+    std::vector<float> row_max(max_rows), row_sum(max_rows), row_sum_v(max_rows * kKeyTile);
     std::vector<int64_t> row_pos(max_rows);
     std::vector<float> keys_t(head_dim * kKeyTile), key_rows(kKeyTile * head_dim), values(kKeyTile * head_dim);
     std::vector<float> probs(max_rows * kKeyTile);
@@ -263,6 +265,7 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
       for (int64_t r = 0; r < padded_rows; ++r) {
         row_max[r] = -INFINITY;
         row_sum[r] = 0.0f;
+        std::fill(row_sum_v.begin() + r * kKeyTile, row_sum_v.begin() + (r + 1) * kKeyTile, 0.0f);
         row_pos[r] = r < rows ? first_pos + r / group : -1;
       }
       for (int64_t r = 0; r < rows; ++r) {
@@ -325,7 +328,7 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
           if constexpr (kHeadDim == 64) {
             static_assert(kKeyTile == 16 && kRowGroup == 4 && kRowGroup % kPvRows == 0, "one V16 of scores per row");
             tile_rows_d64(q_rows.data() + r0 * 64, keys_t.data(), values.data(), row_pos.data() + r0, key0, num_keys,
-                          row_max.data() + r0, row_sum.data() + r0, probs.data() + r0 * kKeyTile,
+                          row_max.data() + r0, row_sum_v.data() + r0 * kKeyTile, probs.data() + r0 * kKeyTile,
                           acc.data() + r0 * 64);
             continue;
           }
@@ -381,6 +384,10 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
           }
         }
       }
+#if defined(FD_ATTENTION_V16)
+      if constexpr (kHeadDim == 64)
+        for (int64_t r = 0; r < rows; ++r) row_sum[r] = v16_reduce_add(v16_load(row_sum_v.data() + r * kKeyTile));
+#endif
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = 1.0f / row_sum[r];
         const float* a = acc.data() + r * head_dim;
