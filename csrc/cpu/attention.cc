@@ -9,8 +9,12 @@
 //
 // Work items are (sequence, kv head, tile of query tokens): the g = H / KVH query
 // heads that share a kv head are processed together, so each key and value is
-// read from the cache once per tile. Keys are walked in tiles of 16 through the
-// block table (any block size) with an online softmax. Every query row goes
+// read from the cache once per tile (a decode reads each K/V row once for all the heads of
+// its group). Keys are walked in tiles of 16 through the block table (any block size) with
+// an online softmax; query rows go in groups of 4, and a group skips every key tile past its
+// last position (causal). With head dim 64 one group's tile stays in registers: scores, the
+// masked max and sum as vector reductions, and P @ V with the value loads shared by the
+// group's rows (tile_rows_d64). Every query row goes
 // through exactly the same arithmetic whatever tile or batch it is in (masked
 // keys contribute exact zeros), so a request's output does not depend on what
 // else is batched with it.
@@ -43,6 +47,17 @@ inline void v16_store(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
 inline V16 v16_set1(float x) { return {_mm512_set1_ps(x)}; }
 inline V16 v16_zero() { return {_mm512_setzero_ps()}; }
 inline V16 v16_fmadd(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+inline V16 v16_mul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+// Lanes k >= n set to x (the causal / tail mask of a key tile).
+inline V16 v16_fill_from(V16 a, int64_t n, float x) {
+  const __mmask16 keep = n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u);
+  return {_mm512_mask_blend_ps(keep, _mm512_set1_ps(x), a.v)};
+}
+// Horizontal max and sum, in one fixed order of lanes.
+inline float v16_reduce_max(V16 a) { return _mm512_reduce_max_ps(a.v); }
+inline float v16_reduce_add(V16 a) { return _mm512_reduce_add_ps(a.v); }
+// P @ V rows that share each value load: 4 rows x 4 vectors of accumulators fit the 32 zmm registers.
+constexpr int kPvRows = 4;
 
 // dst[j][i] = src[i][j] for a 16 x 16 fp32 block.
 inline void transpose16x16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
@@ -84,6 +99,31 @@ inline V16 v16_zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V16 v16_fmadd(V16 a, V16 b, V16 c) {
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }
+inline V16 v16_mul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline V16 v16_fill_from(V16 a, int64_t n, float x) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i nv = _mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n, 16)));
+  const __m256 keep_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(nv, lane));
+  const __m256 keep_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(nv, _mm256_add_epi32(lane, _mm256_set1_epi32(8))));
+  const __m256 fill = _mm256_set1_ps(x);
+  return {_mm256_blendv_ps(fill, a.lo, keep_lo), _mm256_blendv_ps(fill, a.hi, keep_hi)};
+}
+inline float v16_reduce_max(V16 a) {
+  __m256 m = _mm256_max_ps(a.lo, a.hi);
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+inline float v16_reduce_add(V16 a) {
+  __m256 m = _mm256_add_ps(a.lo, a.hi);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+// 16 ymm registers: one row's 8 accumulators at a time.
+constexpr int kPvRows = 1;
 
 // dst[j][i] = src[i][j] for an 8 x 8 fp32 block.
 inline void transpose8x8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
@@ -114,7 +154,63 @@ inline void transpose16x16(const float* src, int64_t src_stride, float* dst, int
 
 constexpr int64_t kKeyTile = 16;    // keys per score tile: one 512-bit vector of fp32 scores
 constexpr int64_t kRowGroup = 4;    // query rows sharing each key load in the score loop
-constexpr int64_t kTileRows = 32;   // target query rows (tokens x heads of a group) per work item
+constexpr int64_t kTileRows = 48;   // target query rows (tokens x heads of a group) per work item
+
+#if defined(FD_ATTENTION_V16)
+// One key tile for kRowGroup query rows of head dim 64, everything in registers: scores summed
+// over d in order, the online-softmax update of each row (masked lanes are exact zeros), then
+// acc = acc * alpha + sum_k p_k v_k over the keys in order, kPvRows rows sharing each value load.
+// Each row's arithmetic is the same whichever rows share its group, so outputs stay
+// batch-invariant.
+inline void tile_rows_d64(const float* q, const float* keys_t, const float* values, const int64_t* row_pos,
+                          int64_t key0, int64_t num_keys, float* row_max, float* row_sum_v, float* probs, float* acc) {
+  V16 s[kRowGroup];
+  for (int rr = 0; rr < kRowGroup; ++rr) s[rr] = v16_zero();
+  for (int64_t d = 0; d < 64; ++d) {
+    const V16 kd = v16_load(keys_t + d * kKeyTile);
+    for (int rr = 0; rr < kRowGroup; ++rr) s[rr] = v16_fmadd(v16_set1(q[rr * 64 + d]), kd, s[rr]);
+  }
+  float alpha[kRowGroup];
+  for (int rr = 0; rr < kRowGroup; ++rr) {
+    float* p = probs + rr * kKeyTile;
+    const int64_t valid = std::min(num_keys, row_pos[rr] - key0 + 1);  // causal: keys <= position
+    if (valid <= 0) {  // acc * 1 + 0 * v: the row is unchanged
+      v16_store(p, v16_zero());
+      alpha[rr] = 1.0f;
+      continue;
+    }
+    const float new_max = std::max(row_max[rr], v16_reduce_max(v16_fill_from(s[rr], valid, -INFINITY)));
+    alpha[rr] = fastdeploy_cpu::exp_approx(row_max[rr] - new_max);
+    v16_store(p, s[rr]);
+#pragma omp simd
+    for (int64_t k = 0; k < kKeyTile; ++k) p[k] = k < valid ? fastdeploy_cpu::exp_approx(p[k] - new_max) : 0.0f;
+    // Lane-wise running sums, reduced once per row at the end: no horizontal sum per tile.
+    float* sum = row_sum_v + rr * kKeyTile;
+    v16_store(sum, v16_fmadd(v16_load(sum), v16_set1(alpha[rr]), v16_load(p)));
+    row_max[rr] = new_max;
+  }
+  for (int r0 = 0; r0 < kRowGroup; r0 += kPvRows) {
+    V16 a[kPvRows][4];
+    for (int rr = 0; rr < kPvRows; ++rr) {
+      const V16 al = v16_set1(alpha[r0 + rr]);
+      for (int j = 0; j < 4; ++j) a[rr][j] = v16_mul(v16_load(acc + (r0 + rr) * 64 + j * 16), al);
+    }
+    for (int64_t k = 0; k < num_keys; ++k) {
+      const float* v = values + k * 64;
+      const V16 v0 = v16_load(v), v1 = v16_load(v + 16), v2 = v16_load(v + 32), v3 = v16_load(v + 48);
+      for (int rr = 0; rr < kPvRows; ++rr) {
+        const V16 pk = v16_set1(probs[(r0 + rr) * kKeyTile + k]);
+        a[rr][0] = v16_fmadd(pk, v0, a[rr][0]);
+        a[rr][1] = v16_fmadd(pk, v1, a[rr][1]);
+        a[rr][2] = v16_fmadd(pk, v2, a[rr][2]);
+        a[rr][3] = v16_fmadd(pk, v3, a[rr][3]);
+      }
+    }
+    for (int rr = 0; rr < kPvRows; ++rr)
+      for (int j = 0; j < 4; ++j) v16_store(acc + (r0 + rr) * 64 + j * 16, a[rr][j]);
+  }
+}
+#endif
 
 struct WorkItem {
   int64_t seq, kv_head, token_begin, num_tokens;
@@ -144,7 +240,7 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
 #pragma omp parallel if (num_items > 1) reduction(|| : bad_context)
   {
     std::vector<float> q_rows(max_rows * head_dim), acc(max_rows * head_dim);
-    std::vector<float> row_max(max_rows), row_sum(max_rows);
+    std::vector<float> row_max(max_rows), row_sum(max_rows), row_sum_v(max_rows * kKeyTile);
     std::vector<int64_t> row_pos(max_rows);
     std::vector<float> keys_t(head_dim * kKeyTile), key_rows(kKeyTile * head_dim), values(kKeyTile * head_dim);
     std::vector<float> probs(max_rows * kKeyTile);
@@ -169,6 +265,7 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
       for (int64_t r = 0; r < padded_rows; ++r) {
         row_max[r] = -INFINITY;
         row_sum[r] = 0.0f;
+        std::fill(row_sum_v.begin() + r * kKeyTile, row_sum_v.begin() + (r + 1) * kKeyTile, 0.0f);
         row_pos[r] = r < rows ? first_pos + r / group : -1;
       }
       for (int64_t r = 0; r < rows; ++r) {
@@ -227,26 +324,17 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
         for (int64_t r0 = 0; r0 < padded_rows; r0 += kRowGroup) {
           const int64_t group_last = *std::max_element(row_pos.begin() + r0, row_pos.begin() + r0 + kRowGroup);
           if (group_last < key0) continue;  // every row of the group is before this key tile
-          // Scores of kRowGroup rows x 16 keys, accumulated over the head dim in registers.
-          float scores[kRowGroup][kKeyTile] = {};
 #if defined(FD_ATTENTION_V16)
           if constexpr (kHeadDim == 64) {
-            static_assert(kKeyTile == 16 && kRowGroup == 4, "one V16 of scores per row");
-            const float* q = q_rows.data() + r0 * 64;
-            V16 s0 = v16_zero(), s1 = s0, s2 = s0, s3 = s0;
-            for (int64_t d = 0; d < 64; ++d) {
-              const V16 kd = v16_load(keys_t.data() + d * kKeyTile);
-              s0 = v16_fmadd(v16_set1(q[d]), kd, s0);
-              s1 = v16_fmadd(v16_set1(q[64 + d]), kd, s1);
-              s2 = v16_fmadd(v16_set1(q[128 + d]), kd, s2);
-              s3 = v16_fmadd(v16_set1(q[192 + d]), kd, s3);
-            }
-            v16_store(scores[0], s0);
-            v16_store(scores[1], s1);
-            v16_store(scores[2], s2);
-            v16_store(scores[3], s3);
-          } else
+            static_assert(kKeyTile == 16 && kRowGroup == 4 && kRowGroup % kPvRows == 0, "one V16 of scores per row");
+            tile_rows_d64(q_rows.data() + r0 * 64, keys_t.data(), values.data(), row_pos.data() + r0, key0, num_keys,
+                          row_max.data() + r0, row_sum_v.data() + r0 * kKeyTile, probs.data() + r0 * kKeyTile,
+                          acc.data() + r0 * 64);
+            continue;
+          }
 #endif
+          // Scores of kRowGroup rows x 16 keys, accumulated over the head dim in registers.
+          float scores[kRowGroup][kKeyTile] = {};
           {
             for (int64_t d = 0; d < head_dim; ++d) {
               const float* kd = keys_t.data() + d * kKeyTile;
@@ -283,27 +371,6 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
             for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
           }
           // acc += P @ V for the group's rows; masked keys have p = 0 exactly.
-#if defined(FD_ATTENTION_V16)
-          if constexpr (kHeadDim == 64) {
-            for (int64_t rr = 0; rr < kRowGroup; ++rr) {
-              float* a = acc.data() + (r0 + rr) * 64;
-              const float* p = probs.data() + (r0 + rr) * kKeyTile;
-              V16 a0 = v16_load(a), a1 = v16_load(a + 16), a2 = v16_load(a + 32), a3 = v16_load(a + 48);
-              for (int64_t k = 0; k < num_keys; ++k) {
-                const V16 pk = v16_set1(p[k]);
-                const float* v = values.data() + k * 64;
-                a0 = v16_fmadd(pk, v16_load(v), a0);
-                a1 = v16_fmadd(pk, v16_load(v + 16), a1);
-                a2 = v16_fmadd(pk, v16_load(v + 32), a2);
-                a3 = v16_fmadd(pk, v16_load(v + 48), a3);
-              }
-              v16_store(a, a0);
-              v16_store(a + 16, a1);
-              v16_store(a + 32, a2);
-              v16_store(a + 48, a3);
-            }
-          } else
-#endif
           {
             for (int64_t k = 0; k < num_keys; ++k) {
               const float* v = values.data() + k * head_dim;
@@ -317,6 +384,10 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
           }
         }
       }
+#if defined(FD_ATTENTION_V16)
+      if constexpr (kHeadDim == 64)
+        for (int64_t r = 0; r < rows; ++r) row_sum[r] = v16_reduce_add(v16_load(row_sum_v.data() + r * kKeyTile));
+#endif
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = 1.0f / row_sum[r];
         const float* a = acc.data() + r * head_dim;
