@@ -89,6 +89,16 @@ def test_quantization_error_is_within_half_a_step():
     np.testing.assert_allclose(iw.scales[2], (w[256:].max(0).clip(0) - w[256:].min(0).clip(max=0)) / 15, rtol=1e-6)
 
 
+def test_the_range_search_keeps_each_groups_least_squared_error():
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    full, searched = quantize_int4(w, 128), quantize_int4(w, 128, (1.0, 0.9, 0.8))
+    err = [np.square(q.dequantize() - w) for q in (full, searched)]
+    g = np.arange(K) // 128
+    per_group = [np.stack([e[g == i].sum(0) for i in range(3)]) for e in err]
+    assert np.all(per_group[1] <= per_group[0] * (1 + 1e-6)) and per_group[1].sum() < 0.97 * per_group[0].sum()
+    assert np.array_equal(quantize_int4(w, 128, (1.0,)).q, full.q)
+
+
 def test_bad_operands_are_refused():
     packed, _ = weights(4)
     x = rng.standard_normal((2, K)).astype(np.float32)
