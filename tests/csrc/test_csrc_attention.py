@@ -11,8 +11,8 @@ import paddle
 import pytest
 
 from fastdeploy import _custom_ops as ops
-from fastdeploy.model_executor.custom_op import set_op_backend
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
+from fastdeploy.model_executor.custom_op import set_op_backend
 from fastdeploy.model_executor.layers.attention.paged_attention import PagedAttention
 from fastdeploy.platforms.interface import OpBackend
 from tests.csrc.conftest import bf16_round
