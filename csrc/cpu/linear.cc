@@ -67,7 +67,9 @@ dnnl::primitive_attr int8_attr(dt wdt) {
 // cover `group` rows of K each (group = K: one scale per column). oneDNN widens the weights to
 // bf16 inside its brgemm kernel (AVX512-BF16 / AMX); 4-bit values arrive as s8 (q - zero, exact)
 // because oneDNN 3.6 has no optimized s4/u4 kernel without AMX, and grouped zero points send it
-// to its reference code (measured: csrc/cpu/int_gemm.cc's header).
+// to its reference code (checked on an AVX512-BF16 EPYC with ONEDNN_VERBOSE: s4/u4 weights, or
+// u8 zero points per group, give "ref:any"; s8/u8 with per-channel or grouped scales give
+// brg_matmul:avx512_core_bf16).
 dnnl::primitive_attr weight_only_attr(int64_t group) {
   dnnl::primitive_attr attr;
   attr.set_fpmath_mode(dnnl::fpmath_mode::bf16, true);
