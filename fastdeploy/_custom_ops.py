@@ -171,6 +171,19 @@ def fp8_linear(x: paddle.Tensor, qweight: paddle.Tensor, scales: paddle.Tensor, 
     return _run("fd_fp8_linear", x, qweight, scales, bias, n, group, isa)[0]
 
 
+def weight_only_pack(q: paddle.Tensor, group: int) -> paddle.Tensor:
+    """int8 ``[K, N]`` weights reordered for oneDNN's weight-decompression matmul (uint8 bytes for
+    :func:`weight_only_linear`, scales per ``group`` rows of K)."""
+    return _run("fd_weight_only_pack", q, group)[0]
+
+
+def weight_only_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.Tensor, bias: paddle.Tensor | None,
+                       n: int, group: int) -> paddle.Tensor:
+    """``x [..., K] @ (q * scales) (+ bias)`` -> ``[..., n]`` fp32 on oneDNN (csrc/cpu/linear.cc): bf16 activations
+    times the s8 weights of :func:`weight_only_pack`, fp32 ``scales [K / group, n]``, fp32 sums."""
+    return _run("fd_weight_only_linear", x, packed, scales, bias, n, group)[0]
+
+
 def w8a8_pack(weight: paddle.Tensor) -> paddle.Tensor:
     """int8 ``[K, N]`` weights reordered for oneDNN's int8 matmul (uint8 bytes for :func:`w8a8_linear`)."""
     return _run("fd_w8a8_pack", weight)[0]

@@ -10,8 +10,9 @@ FD_CPU_KERNELS          "0" turns the C++ kernels (csrc/cpu) off: plain Paddle o
 FD_CPU_GGUF_KERNEL      the block-kernel path of --quantization gguf: "auto" (default: the best this CPU runs,
                         avx512-vnni > avx2 > scalar) or one of them by name; a path the CPU cannot run is refused.
 FD_CPU_INT_KERNEL       the kernel path of the integer formats (--quantization wint8, wint4, w8a8, awq, gptq):
-                        "auto" (default: the best this CPU runs, avx512 > avx2 > scalar) or one of them by name;
-                        "scalar" also runs w8a8 in portable C++ instead of oneDNN. A path the CPU cannot run is refused.
+                        "auto" (default: the best this CPU runs, onednn > avx512 > avx2 > scalar; onednn is
+                        oneDNN's weight-decompression matmul on AVX512-BF16/AMX, for the weight-only formats)
+                        or one of them by name; "scalar" also runs w8a8 in portable C++ instead of oneDNN. A path the CPU cannot run is refused.
 FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (default: its own cores when it has
                         fewer threads than there are cores, the API process keeps the rest), "nobind", or a core
                         list such as "1" or "2-3"; VLLM_CPU_OMP_THREADS_BIND too (fastdeploy/platforms/cpu_binding.py).
@@ -108,10 +109,10 @@ def cpu_gguf_kernel() -> str:
 
 
 def cpu_int_kernel() -> str:
-    """FD_CPU_INT_KERNEL: the integer-format kernel path ("auto", "avx512", "avx2" or "scalar")."""
+    """FD_CPU_INT_KERNEL: the integer-format kernel path ("auto", "onednn", "avx512", "avx2" or "scalar")."""
     value = _first("FD_CPU_INT_KERNEL", default="auto") or "auto"
-    if value not in ("auto", "avx512", "avx2", "scalar"):
-        raise ValueError(f"FD_CPU_INT_KERNEL must be auto, avx512, avx2 or scalar, got {value!r}.")
+    if value not in ("auto", "onednn", "avx512", "avx2", "scalar"):
+        raise ValueError(f"FD_CPU_INT_KERNEL must be auto, onednn, avx512, avx2 or scalar, got {value!r}.")
     return value
 
 

@@ -16,9 +16,11 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <list>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -60,17 +62,41 @@ dt weight_type(const std::string& dtype) {
 dt int8_src_type(dt wdt) { return wdt == dt::s8 ? dt::u8 : wdt; }
 dt int8_dst_type(dt wdt) { return wdt == dt::s8 ? dt::s32 : dt::f32; }
 
-// The packed weight layout for (K, N, dtype), negotiated once with format_tag::any.
-memory::desc packed_weight_desc(int64_t k, int64_t n, dt wdt) {
+// Weight decompression (wint8 / wint4 / AWQ / GPTQ): bf16 activations x s8 weights whose scales
+// cover `group` rows of K each (group = K: one scale per column). oneDNN widens the weights to
+// bf16 inside its brgemm kernel (AVX512-BF16 / AMX); 4-bit values arrive as s8 (q - zero, exact)
+// because oneDNN 3.6 has no optimized s4/u4 kernel without AMX, and grouped zero points send it
+// to its reference code (checked on an AVX512-BF16 EPYC with ONEDNN_VERBOSE: s4/u4 weights, or
+// u8 zero points per group, give "ref:any"; s8/u8 with per-channel or grouped scales give
+// brg_matmul:avx512_core_bf16).
+dnnl::primitive_attr weight_only_attr(int64_t group) {
+  dnnl::primitive_attr attr;
+  attr.set_fpmath_mode(dnnl::fpmath_mode::bf16, true);
+  attr.set_scales(DNNL_ARG_WEIGHTS, (1 << 0) | (1 << 1), {group, 1}, dt::f32);
+  return attr;
+}
+
+// The matmul's attributes: weight decompression when `group` > 0, else none (W8A8 scales its
+// int32 sums afterwards).
+dnnl::primitive_attr matmul_attr(int64_t group) { return group > 0 ? weight_only_attr(group) : dnnl::primitive_attr(); }
+
+// The activations' and the output's types: bf16 in, fp32 out for weight decompression (its s8
+// weights are not W8A8's), else W8A8's or the float weights' own.
+dt source_type(dt wdt, int64_t group) { return group > 0 ? dt::bf16 : int8_src_type(wdt); }
+dt dest_type(dt wdt, int64_t group) { return group > 0 ? dt::f32 : int8_dst_type(wdt); }
+
+// The packed weight layout for (K, N, dtype[, group]), negotiated once with format_tag::any.
+memory::desc packed_weight_desc(int64_t k, int64_t n, dt wdt, int64_t group = 0) {
   static std::mutex mu;
-  static std::map<std::tuple<int64_t, int64_t, int>, memory::desc> cache;
+  static std::map<std::tuple<int64_t, int64_t, int, int64_t>, memory::desc> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto key = std::make_tuple(k, n, static_cast<int>(wdt));
+  auto key = std::make_tuple(k, n, static_cast<int>(wdt), group);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  dnnl::matmul::primitive_desc pd(cpu_engine(), memory::desc({kPackReferenceM, k}, int8_src_type(wdt), tag::ab),
+  dnnl::matmul::primitive_desc pd(cpu_engine(), memory::desc({kPackReferenceM, k}, source_type(wdt, group), tag::ab),
                                   memory::desc({k, n}, wdt, tag::any),
-                                  memory::desc({kPackReferenceM, n}, int8_dst_type(wdt), tag::ab));
+                                  memory::desc({kPackReferenceM, n}, dest_type(wdt, group), tag::ab),
+                                  matmul_attr(group));
   memory::desc md = pd.weights_desc();
   cache.emplace(key, md);
   return md;
@@ -81,8 +107,10 @@ struct PrimitiveKey {
   int wdt;
   bool bias;
   int threads;
+  int64_t group = 0;  // > 0: weight decompression with scales per `group` rows of K
   bool operator==(const PrimitiveKey& o) const {
-    return m == o.m && k == o.k && n == o.n && wdt == o.wdt && bias == o.bias && threads == o.threads;
+    return m == o.m && k == o.k && n == o.n && wdt == o.wdt && bias == o.bias && threads == o.threads &&
+           group == o.group;
   }
 };
 
@@ -92,6 +120,7 @@ struct PrimitiveKeyHash {
     h = h * 1000003u ^ std::hash<int64_t>()(key.k);
     h = h * 1000003u ^ std::hash<int64_t>()(key.n);
     h = h * 1000003u ^ std::hash<int>()(key.threads);
+    h = h * 1000003u ^ std::hash<int64_t>()(key.group);
     return h * 31u + static_cast<size_t>(key.wdt) * 2u + (key.bias ? 1u : 0u);
   }
 };
@@ -125,15 +154,23 @@ class MatmulCache {
   static CachedMatmul create(const PrimitiveKey& key) {
     const dt wdt = static_cast<dt>(key.wdt);
     CachedMatmul c;
-    c.src = memory::desc({key.m, key.k}, int8_src_type(wdt), tag::ab);
-    c.weights = packed_weight_desc(key.k, key.n, wdt);
-    c.dst = memory::desc({key.m, key.n}, int8_dst_type(wdt), tag::ab);
+    c.src = memory::desc({key.m, key.k}, source_type(wdt, key.group), tag::ab);
+    c.weights = packed_weight_desc(key.k, key.n, wdt, key.group);
+    c.dst = memory::desc({key.m, key.n}, dest_type(wdt, key.group), tag::ab);
+    const dnnl::primitive_attr attr = matmul_attr(key.group);
+    dnnl::matmul::primitive_desc pd;
     if (key.bias) {
       c.bias = memory::desc({1, key.n}, dt::f32, tag::ab);
-      c.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.bias, c.dst));
+      pd = dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.bias, c.dst, attr);
     } else {
-      c.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.dst));
+      pd = dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.dst, attr);
     }
+    // oneDNN's reference matmul is hundreds of times slower: never let a shape land there unseen.
+    PD_CHECK(key.group == 0 || std::string(pd.impl_info_str()).rfind("ref", 0) != 0,
+             "fd_weight_only_linear: oneDNN has no optimized weight-decompression kernel for K=" +
+                 std::to_string(key.k) + ", N=" + std::to_string(key.n) + ", group=" + std::to_string(key.group) +
+                 " on this CPU.");
+    c.primitive = dnnl::matmul(pd);
     return c;
   }
 
@@ -208,21 +245,20 @@ bool linear_packed_size_ok(int64_t packed_bytes, int64_t k, int64_t n, bool bf16
   return packed_bytes == static_cast<int64_t>(packed_weight_desc(k, n, bf16 ? dt::bf16 : dt::f32).get_size());
 }
 
-void linear_forward(const float* x, int64_t m, int64_t k, const void* packed, const float* bias, int64_t n, bool bf16,
-                    float* out) {
-  if (m == 0) return;
-  if (kPanelGemm) return panel_gemm(x, m, k, packed, bf16, bias, n, out);
-  const dt wdt = bf16 ? dt::bf16 : dt::f32;
-  // A single row runs as two (the second zero): oneDNN's M = 1 kernel splits long K
-  // differently from M >= 2, and a request's output must not depend on how many rows
-  // share its step (batch invariance). The weights are read once either way.
-  const int64_t m_exec = std::max<int64_t>(m, 2);
-  const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+namespace {
+
+// Runs `key`'s cached matmul (key.m rows) on `src_data` (rows of `elem`-byte values) and the packed
+// weights, with `extra` execution arguments (the weights' scales). A single row runs as two (the
+// second zero): oneDNN's M = 1 kernel splits long K differently from M >= 2, and a request's
+// output must not depend on how many rows share its step (batch invariance). The weights are
+// read once either way.
+void execute_rows(PrimitiveKey key, const void* src_data, size_t elem, const void* packed, const float* bias,
+                  float* out, const std::unordered_map<int, memory>& extra = {}) {
+  const int64_t m = key.m, k = key.k, n = key.n;
+  key.m = std::max<int64_t>(m, 2);
   thread_local std::vector<char> one_row_src;
   thread_local std::vector<float> one_row_dst;
-  CachedMatmul mm = matmul_cache().get({m_exec, k, n, static_cast<int>(wdt), bias != nullptr, omp_get_max_threads()});
-  const void* src_data = x;
-  if (bf16) src_data = to_bf16_scratch(x, m * k);
+  CachedMatmul mm = matmul_cache().get(key);
   float* dst_data = out;
   if (m == 1) {
     one_row_src.assign(2 * k * elem, 0);
@@ -237,9 +273,22 @@ void linear_forward(const float* x, int64_t m, int64_t k, const void* packed, co
   memory dst(mm.dst, eng, dst_data);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst}};
   if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, memory(mm.bias, eng, const_cast<float*>(bias)));
+  args.insert(extra.begin(), extra.end());
   mm.primitive.execute(cpu_stream(), args);
   cpu_stream().wait();
   if (m == 1) std::memcpy(out, dst_data, n * sizeof(float));
+}
+
+}  // namespace
+
+void linear_forward(const float* x, int64_t m, int64_t k, const void* packed, const float* bias, int64_t n, bool bf16,
+                    float* out) {
+  if (m == 0) return;
+  if (kPanelGemm) return panel_gemm(x, m, k, packed, bf16, bias, n, out);
+  const dt wdt = bf16 ? dt::bf16 : dt::f32;
+  const void* src_data = bf16 ? static_cast<const void*>(to_bf16_scratch(x, m * k)) : x;
+  execute_rows({m, k, n, static_cast<int>(wdt), bias != nullptr, omp_get_max_threads()}, src_data,
+               bf16 ? sizeof(uint16_t) : sizeof(float), packed, bias, out);
 }
 
 }  // namespace fastdeploy_cpu
@@ -361,3 +410,74 @@ PD_BUILD_OP(fd_w8a8_linear)
     .Outputs({"out"})
     .Attrs({"n: int64_t"})
     .SetKernelFn(PD_KERNEL(W8A8Linear));
+
+// ------------------------------------------------- weight-only int8 / int4 (oneDNN weight decompression)
+//
+// wint8 / wint4 / AWQ / GPTQ on CPUs with AVX512-BF16 or AMX (the platform's "onednn" integer
+// path): the integer weights [K, N] as s8 (a 4-bit value as q - zero, -16..15), packed once into
+// oneDNN's blocked layout; fp32 scales [K / group, N] (group = K for per-channel int8). The
+// activations are rounded to bf16, as the bf16 linears' are; oneDNN sums in fp32.
+
+// q int8 [K, N] -> packed bytes for fd_weight_only_linear with scales per `group` rows.
+std::vector<paddle::Tensor> WeightOnlyPack(const paddle::Tensor& q, int64_t group) {
+  fastdeploy_cpu::check_cpu_contiguous(q, "q");
+  fastdeploy_cpu::check_dtype(q, paddle::DataType::INT8, "q");
+  PD_CHECK(q.shape().size() == 2, "fd_weight_only_pack: q must be [K, N].");
+  const int64_t k = q.shape()[0], n = q.shape()[1];
+  PD_CHECK(group > 0 && k % group == 0, "fd_weight_only_pack: group must divide K.");
+  memory::desc packed_md = packed_weight_desc(k, n, dt::s8, group);
+  auto packed = paddle::empty({static_cast<int64_t>(packed_md.get_size())}, paddle::DataType::UINT8, q.place());
+  memory src(memory::desc({k, n}, dt::s8, tag::ab), cpu_engine(), const_cast<int8_t*>(q.data<int8_t>()));
+  memory dst(packed_md, cpu_engine(), packed.data());
+  dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+  cpu_stream().wait();
+  return {packed};
+}
+
+// x [..., K] float32, packed weights, scales [K / group, N] float32, optional bias [N] -> [..., N] float32.
+std::vector<paddle::Tensor> WeightOnlyLinear(const paddle::Tensor& x, const paddle::Tensor& packed,
+                                             const paddle::Tensor& scales,
+                                             const paddle::optional<paddle::Tensor>& bias, int64_t n,
+                                             int64_t group) {
+  fastdeploy_cpu::check_cpu_contiguous(x, "x");
+  fastdeploy_cpu::check_cpu_contiguous(scales, "scales");
+  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
+  fastdeploy_cpu::check_dtype(scales, paddle::DataType::FLOAT32, "scales");
+  const auto& shape = x.shape();
+  PD_CHECK(!shape.empty(), "fd_weight_only_linear: x must have at least one dimension.");
+  const int64_t k = shape.back();
+  const int64_t m = k ? x.numel() / k : 0;
+  PD_CHECK(group > 0 && k % group == 0, "fd_weight_only_linear: group must divide K.");
+  PD_CHECK(packed.numel() == static_cast<int64_t>(packed_weight_desc(k, n, dt::s8, group).get_size()),
+           "fd_weight_only_linear: the packed weight does not match [K, N] = [" + std::to_string(k) + ", " +
+               std::to_string(n) + "].");
+  PD_CHECK(scales.numel() == k / group * n, "fd_weight_only_linear: scales must be [K / group, N].");
+  std::vector<int64_t> out_shape(shape.begin(), shape.end());
+  out_shape.back() = n;
+  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  if (m == 0) return {out};
+  const float* bias_data = nullptr;
+  if (bias.is_initialized()) {
+    fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
+    PD_CHECK(bias->numel() == n, "fd_weight_only_linear: bias must have N elements.");
+    bias_data = bias->data<float>();
+  }
+  memory scale_m(memory::desc({k / group, n}, dt::f32, tag::ab), cpu_engine(),
+                 const_cast<float*>(scales.data<float>()));
+  fastdeploy_cpu::execute_rows({m, k, n, static_cast<int>(dt::s8), bias_data != nullptr, omp_get_max_threads(), group},
+                               to_bf16_scratch(x.data<float>(), m * k), sizeof(uint16_t), packed.data(), bias_data,
+                               out.data<float>(), {{DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, scale_m}});
+  return {out};
+}
+
+PD_BUILD_OP(fd_weight_only_pack)
+    .Inputs({"q"})
+    .Outputs({"packed"})
+    .Attrs({"group: int64_t"})
+    .SetKernelFn(PD_KERNEL(WeightOnlyPack));
+
+PD_BUILD_OP(fd_weight_only_linear)
+    .Inputs({"x", "packed", "scales", paddle::Optional("bias")})
+    .Outputs({"out"})
+    .Attrs({"n: int64_t", "group: int64_t"})
+    .SetKernelFn(PD_KERNEL(WeightOnlyLinear));

@@ -66,9 +66,16 @@ def gguf_kernel_path() -> str:
 
 
 def int_kernel_paths() -> list[str]:
-    """The integer-weight kernel paths this CPU can run, best first (csrc/cpu/int_gemm.cc)."""
+    """The integer-weight kernel paths this CPU can run, best first.
+
+    ``onednn``: oneDNN's weight-decompression matmul (csrc/cpu/linear.cc), bf16 activations on
+    AVX512-BF16 / AMX units (without them oneDNN 3.6 runs it in its reference code, hundreds of
+    times slower); then csrc/cpu/int_gemm.cc's fp32 FMAs on AVX-512, AVX2, plain C++.
+    """
     flags = cpu_flags()
-    paths = ["avx512"] if {"avx512f", "avx512bw"} <= flags else []
+    avx512 = {"avx512f", "avx512bw"} <= flags
+    paths = ["onednn"] if avx512 and flags & {"avx512_bf16", "amx_bf16"} else []
+    paths += ["avx512"] if avx512 else []
     return paths + (["avx2"] if cpu_has_avx2_fma() else []) + ["scalar"]
 
 
@@ -97,6 +104,18 @@ def fp8_kernel_path() -> str:
         ValueError: FD_CPU_FP8_KERNEL names a path this CPU cannot run.
     """
     return _chosen_path("FD_CPU_FP8_KERNEL", envs.cpu_fp8_kernel(), fp8_kernel_paths())
+
+
+def int_kernel_choice(built: set[str]) -> str:
+    """The integer-weight path for the op backend: :func:`int_kernel_path`, but under "auto" the next
+    one where the kernels were built without oneDNN (no fd_weight_only_linear)."""
+    path = int_kernel_path()
+    if path == "onednn" and "fd_weight_only_linear" not in built:
+        if envs.cpu_int_kernel() == "onednn":
+            raise ValueError("FD_CPU_INT_KERNEL=onednn: the kernels were built without oneDNN (csrc/cpu/linear.cc).")
+        path = int_kernel_paths()[1]
+        logger.info("wint8/wint4/awq/gptq: oneDNN's kernels are not built; csrc/cpu/int_gemm.cc runs them (%s).", path)
+    return path
 
 
 def _chosen_path(variable: str, wanted: str, paths: list[str]) -> str:
@@ -246,7 +265,7 @@ class CpuPlatform(Platform):
                 decoder_layer="fd_decoder_layer" in built,
                 isa=cpu_isa() if built else "",
                 gguf=gguf_kernel_path() if {"fd_gguf_linear", "fd_gguf_embedding"} <= built else "paddle",
-                int_gemm=int_kernel_path() if "fd_int_linear" in built else "paddle",
+                int_gemm=int_kernel_choice(built) if "fd_int_linear" in built else "paddle",
                 w8a8=w8a8,
                 w8a8_weight_max=w8a8_weight_max,
                 fp8=fp8_kernel_path() if "fd_fp8_linear" in built else "paddle",

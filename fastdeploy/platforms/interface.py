@@ -50,7 +50,8 @@ class OpBackend:
     # GGUF block kernels (--quantization gguf, csrc/cpu/gguf_gemm.cc): "avx512-vnni", "avx2", "scalar"
     # or "paddle" (not built: the format is refused).
     gguf: str = "paddle"
-    # Integer weight kernels (wint8 / wint4 / awq / gptq, csrc/cpu/int_gemm.cc): "avx512", "avx2", "scalar"
+    # Integer weight kernels (wint8 / wint4 / awq / gptq): "onednn" (csrc/cpu/linear.cc's weight
+    # decompression), or csrc/cpu/int_gemm.cc's "avx512", "avx2", "scalar"
     # or "paddle" (not built: the formats are refused).
     int_gemm: str = "paddle"
     # W8A8: "onednn" (oneDNN's int8 matmul, csrc/cpu/linear.cc), "scalar" (portable C++) or "paddle" (refused);

@@ -22,7 +22,8 @@ from fastdeploy.model_executor.layers.quantization.int_kernels import (
 from fastdeploy.platforms.cpu import int_kernel_paths
 
 rng = np.random.default_rng(0)
-PATHS = int_kernel_paths()
+# int_gemm.cc's paths (the platform's "onednn" one is tests/csrc/test_csrc_weight_only_onednn.py's).
+PATHS = [p for p in int_kernel_paths() if p in KERNEL_PATHS]
 # K = 320: two full groups of 128 and a part-filled one of 64; N = 37: two panels and a remainder.
 K, N = 320, 37
 ROWS = (1, 2, 3, 4, 5, 7, 16, 33)
@@ -86,6 +87,16 @@ def test_quantization_error_is_within_half_a_step():
     assert iw.q.max() <= 15 and np.all(np.abs(iw.dequantize() - w) <= iw.scales[g] / 2 * 1.0001 + 1e-7)
     # A part-filled last group takes its range from its own 64 rows only.
     np.testing.assert_allclose(iw.scales[2], (w[256:].max(0).clip(0) - w[256:].min(0).clip(max=0)) / 15, rtol=1e-6)
+
+
+def test_the_range_search_keeps_each_groups_least_squared_error():
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    full, searched = quantize_int4(w, 128), quantize_int4(w, 128, (1.0, 0.9, 0.8))
+    err = [np.square(q.dequantize() - w) for q in (full, searched)]
+    g = np.arange(K) // 128
+    per_group = [np.stack([e[g == i].sum(0) for i in range(3)]) for e in err]
+    assert np.all(per_group[1] <= per_group[0] * (1 + 1e-6)) and per_group[1].sum() < 0.97 * per_group[0].sum()
+    assert np.array_equal(quantize_int4(w, 128, (1.0,)).q, full.q)
 
 
 def test_bad_operands_are_refused():

@@ -150,7 +150,20 @@ def test_fd_cpu_int_kernel_picks_the_integer_paths(monkeypatch):
         assert cpu.int_kernel_path() == path
     assert cpu.w8a8_kernel(built) == ("scalar", 127)  # FD_CPU_INT_KERNEL=scalar: the portable W8A8 too
     monkeypatch.setenv("FD_CPU_INT_KERNEL", "avx9")
-    with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL must be auto, avx512, avx2 or scalar"):
+    with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL must be auto, onednn, avx512, avx2 or scalar"):
+        cpu.int_kernel_path()
+    # oneDNN's weight decompression first on AVX512-BF16 (or AMX), int_gemm.cc's AVX-512 path where it is not built.
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16"}))
+    monkeypatch.setattr(cpu, "cpu_has_avx2_fma", lambda: True)
+    monkeypatch.setenv("FD_CPU_INT_KERNEL", "auto")
+    assert cpu.int_kernel_paths() == ["onednn", "avx512", "avx2", "scalar"]
+    assert cpu.int_kernel_choice(built | {"fd_weight_only_linear"}) == "onednn"
+    assert cpu.int_kernel_choice(built) == "avx512"
+    monkeypatch.setenv("FD_CPU_INT_KERNEL", "onednn")
+    with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL=onednn: the kernels were built without oneDNN"):
+        cpu.int_kernel_choice(built)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw"}))
+    with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL=onednn cannot run on this CPU; it runs: avx512, avx2"):
         cpu.int_kernel_path()
     # An AVX2-only CPU (made up, whatever CPU runs the test): no AVX-512 path, and 7-bit W8A8 weights without VNNI.
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))

@@ -28,10 +28,10 @@ from paddle import nn
 from fastdeploy.model_executor.layers.linear import LinearBase
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
-from fastdeploy.model_executor.layers.quantization.int_kernels import Int4Weight, pack_int4
+from fastdeploy.model_executor.layers.quantization.int_kernels import Int4Weight
 from fastdeploy.model_executor.layers.quantization.weight_only import (
     IntLinearMethod,
-    int_kernel_isa,
+    int_kernel_path,
     is_quantized_layer,
     refuse_gguf,
 )
@@ -68,11 +68,11 @@ class CheckpointInt4Method(IntLinearMethod):
     Args:
         fmt: "awq" or "gptq".
         group: the checkpoint's ``group_size``.
-        isa: the kernel path's id.
+        path: the platform's integer-kernel path.
     """
 
-    def __init__(self, fmt: str, group: int, isa: int) -> None:
-        super().__init__(4, group, isa)
+    def __init__(self, fmt: str, group: int, path: str) -> None:
+        super().__init__(4, group, path)
         self.fmt = fmt
         self.names = ("qweight", "qzeros", "scales") + (("g_idx",) if fmt == "gptq" else ())
 
@@ -103,7 +103,7 @@ class CheckpointInt4Method(IntLinearMethod):
             return parts[0]
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
 
-    def quantize(self, layer: LinearBase) -> tuple[np.ndarray, ...]:
+    def quantize(self, layer: LinearBase) -> Int4Weight:
         k, n = layer.input_size, layer.output_size
         scales = self._tensor(layer, "scales", 1).astype(np.float32)
         if self.fmt == "awq":
@@ -127,7 +127,7 @@ class CheckpointInt4Method(IntLinearMethod):
         for name in self.names:  # the placeholders give way to the packed buffers
             layer._parameters.pop(name, None)
         object.__setattr__(layer, "_ckpt", {})
-        return pack_int4(Int4Weight(q, scales, zeros, self.group))
+        return Int4Weight(q, scales, zeros, self.group)
 
     def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
         perm = layer._int_perm
@@ -146,7 +146,7 @@ class _CheckpointInt4Config(QuantizationConfig):
             raise ValueError(f"quantization={self.fmt!r}: group_size={group} (per-channel) is not supported; "
                              "supported: a positive group_size.")
         self.group = group
-        self.isa = int_kernel_isa(self.fmt)
+        self.path = int_kernel_path(self.fmt)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(bits=4, group_size={self.group})"
@@ -170,7 +170,7 @@ class _CheckpointInt4Config(QuantizationConfig):
                              "has no quantization_config (use wint4 to quantize a bf16/fp32 checkpoint at load).")
 
     def get_quant_method(self, layer: nn.Layer, prefix: str) -> QuantizeMethodBase | None:
-        return CheckpointInt4Method(self.fmt, self.group, self.isa) if is_quantized_layer(layer) else None
+        return CheckpointInt4Method(self.fmt, self.group, self.path) if is_quantized_layer(layer) else None
 
 
 @register_quantization_config("awq")

@@ -9,13 +9,29 @@ nibble, ``q[2p+1]`` in the high one), scales and mins ``[ceil(N/16), G, 16]`` fp
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 PANEL = 16
-# The kernel path names (OpBackend.int_gemm) -> the op's isa argument.
+# The kernel path names (OpBackend.int_gemm) of int_gemm.cc -> the op's isa argument.
 KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
+# The path on oneDNN's weight-decompression matmul (csrc/cpu/linear.cc, AVX512-BF16 / AMX CPUs).
+ONEDNN_PATH = "onednn"
+# The smallest run of K rows per scale given to oneDNN (a finer split of a group: see onednn_operands).
+ONEDNN_MIN_GROUP = 16
+
+
+class Int8Weight(NamedTuple):
+    """Per-output-channel int8: ``w[k, n] = q[k, n] * scales[n]``."""
+
+    q: np.ndarray  # [K, N] int8
+    scales: np.ndarray  # [N] float32
+
+    def dequantize(self) -> np.ndarray:
+        """The fp32 ``[K, N]`` weight."""
+        return self.q.astype(np.float32) * self.scales
 
 
 class Int4Weight(NamedTuple):
@@ -32,7 +48,7 @@ class Int4Weight(NamedTuple):
         return (self.scales[g] * (self.q.astype(np.float32) - self.zeros[g])).astype(np.float32)
 
 
-def quantize_int8(w: np.ndarray, qmax: int = 127) -> tuple[np.ndarray, np.ndarray]:
+def quantize_int8(w: np.ndarray, qmax: int = 127) -> Int8Weight:
     """Per-output-channel symmetric int8 of ``w [K, N]``: ``(q int8 [K, N], scales [N])``, ``w ~ q * scale``.
 
     ``qmax`` bounds ``|q|`` (63 keeps 7 bits for CPUs whose int8 dot products saturate).
@@ -41,17 +57,20 @@ def quantize_int8(w: np.ndarray, qmax: int = 127) -> tuple[np.ndarray, np.ndarra
     scales = (amax / np.float32(qmax)).astype(np.float32)
     inv = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales != 0)
     q = np.clip(np.rint(w * inv), -qmax, qmax).astype(np.int8)
-    return q, scales
+    return Int8Weight(q, scales)
 
 
-def quantize_int4(w: np.ndarray, group: int = 128) -> Int4Weight:
+def quantize_int4(w: np.ndarray, group: int = 128, shrinks: tuple[float, ...] = (1.0,)) -> Int4Weight:
     """Group-wise asymmetric 4-bit of ``w [K, N]`` (groups of ``group`` rows of K, per column): min/max to 0..15.
 
-    Round to nearest on the full range (widened to hold 0, which is then one of the 16 levels).
-    Tried on the default model (its bf16 weights are its GGUF's Q4_1 blocks of 32, dequantized), and
-    worse at group 128: a clipped range per group for the least squared error (perplexity 8.50 ->
-    8.87 in benchmark_perplexity.py), and Q4_1's own [min, max] -> 0..15 with a real zero point
-    (9.53 -> 11.96 on 768 tokens, though at group 32 it gives the file's weights back exactly).
+    Round to nearest on the range [min, max] (widened to hold 0, which is then one of the 16
+    levels) scaled by each factor of ``shrinks``; each group keeps the factor of least squared error.
+
+    wint4 uses the full range only: on the default model (its bf16 weights are its GGUF's Q4_1
+    blocks of 32, dequantized) the least-squared-error search lowers the weights' relative error
+    13% (0.0112 -> 0.0097 with shrinks 1.0 .. 0.8) yet raises perplexity, 8.50 -> 8.85
+    (benchmark_perplexity.py, 2,048 tokens; bf16 6.01). Earlier, Q4_1's own [min, max] with a
+    float zero point was worse too at group 128 (9.53 -> 11.96 on 768 tokens).
     """
     k, n = w.shape
     groups = -(-k // group)
@@ -62,10 +81,28 @@ def quantize_int4(w: np.ndarray, group: int = 128) -> Int4Weight:
     valid = (np.arange(groups * group) < k).reshape(groups, group, 1)
     lo = np.where(valid, blocks, np.inf).min(axis=1).clip(max=0)
     hi = np.where(valid, blocks, -np.inf).max(axis=1).clip(min=0)
-    scales = ((hi - lo) / np.float32(15)).astype(np.float32)
-    inv = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales != 0)
-    zeros = np.clip(np.rint(-lo * inv), 0, 15).astype(np.float32)
-    q = np.clip(np.rint(blocks * inv[:, None, :]) + zeros[:, None, :], 0, 15).astype(np.uint8)
+    best: tuple[np.ndarray, ...] = ()
+    for f in shrinks:
+        scales = ((hi - lo) * np.float32(f) / np.float32(15)).astype(np.float32)
+        inv = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales != 0)
+        zeros = np.clip(np.rint(-lo * np.float32(f) * inv), 0, 15).astype(np.float32)
+        # q - zero, in place: the padding rows (zeros) land on level 0 exactly and add no error.
+        qz = np.multiply(blocks, inv[:, None, :])
+        np.rint(qz, out=qz)
+        np.clip(qz, -zeros[:, None, :], 15 - zeros[:, None, :], out=qz)
+        if len(shrinks) > 1:
+            diff = qz * scales[:, None, :]
+            diff -= blocks
+            err = np.einsum("gkn,gkn->gn", diff, diff)
+            if best:
+                take = err < best[3]
+                qz = np.where(take[:, None, :], qz, best[0])
+                scales, zeros, err = np.where(take, scales, best[1]), np.where(take, zeros, best[2]), np.minimum(err, best[3])
+        else:
+            err = np.empty(0)
+        best = (qz, scales, zeros, err)
+    qz, scales, zeros = best[:3]
+    q = (qz + zeros[:, None, :]).astype(np.uint8)
     return Int4Weight(q.reshape(groups * group, n)[:k], scales, zeros, group)
 
 
@@ -111,3 +148,30 @@ def unpack_int4(qweight: np.ndarray, scales: np.ndarray, mins: np.ndarray, k: in
     m = mins.reshape(p, groups, PANEL).transpose(1, 0, 2).reshape(groups, p * PANEL)[:, :n]
     g = np.arange(k) // group
     return (s[g] * q + m[g]).astype(np.float32)
+
+
+def onednn_group(k: int, weight: Int8Weight | Int4Weight) -> int | None:
+    """Rows of K per scale for oneDNN (which needs them to divide K), or None where that is too fine.
+
+    int8: all of K. int4: the group, or where a part-filled last group makes it not divide K, the
+    gcd of the two (each group's scale repeated over its pieces: the same weights exactly).
+    """
+    if isinstance(weight, Int8Weight):
+        return k
+    g = math.gcd(k, weight.group)
+    return g if g >= ONEDNN_MIN_GROUP else None
+
+
+def onednn_operands(weight: Int8Weight | Int4Weight, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(q int8 [K, N], scales fp32 [K / group, N])`` for csrc/cpu/linear.cc's fd_weight_only_pack / _linear.
+
+    A 4-bit weight goes as ``q - zero`` (-16..15, exact in int8); its group's scale is repeated
+    over the ``weight.group / group`` pieces of the group.
+    """
+    if isinstance(weight, Int8Weight):
+        return np.ascontiguousarray(weight.q), weight.scales.astype(np.float32)[None, :]
+    k = weight.q.shape[0]
+    g = np.arange(k) // weight.group
+    q = (weight.q.astype(np.int16) - weight.zeros.astype(np.int16)[g]).astype(np.int8)
+    pieces = np.arange(k // group) * group // weight.group
+    return np.ascontiguousarray(q), np.ascontiguousarray(weight.scales[pieces].astype(np.float32))

@@ -84,6 +84,7 @@ def build(tmp_path, fmt, desc_act=False):
 @pytest.mark.parametrize("fmt,desc_act", [("awq", False), ("gptq", False), ("gptq", True)])
 def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantization(tmp_path, fmt, desc_act):
     from fastdeploy.engine.arg_utils import EngineArgs
+    from fastdeploy.model_executor.custom_op import get_op_backend
     from fastdeploy.model_executor.model_loader import get_model
     from tests.model_executor.utils import load_our_model, prefill_logits
 
@@ -100,7 +101,9 @@ def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantizat
     np.testing.assert_allclose(qkv.dense_weight().numpy(), dense, rtol=0, atol=1e-6)
     prompt = [3, 17, 42, 5, 99, 64, 7, 1, 250, 33]
     got, want = prefill_logits(model, prompt), prefill_logits(ref_model, prompt)
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    # int_gemm.cc computes in fp32; the "onednn" path rounds activations and weights to bf16.
+    tol = 3e-2 if get_op_backend().int_gemm == "onednn" else 1e-4
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
 
 
 def test_a_mismatched_or_unknown_method_is_refused(tmp_path):
