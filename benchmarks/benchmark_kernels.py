@@ -35,7 +35,7 @@ parameters, batch 1 and 16.
 weights at Qwen2.5-VL-3B's and PaddleOCR-VL-0.9B's real shapes, in ``--vision-dtype`` (bf16 by
 default: the towers' and the decoder's projections on the packed linear kernel), each model in
 its own process with its peak RSS and the encoder's per-module time. Qwen2.5-VL-3B's TTFT needs
-the whole 3B model (~7 GB in bf16), so it runs only with ``--vision-full-3b``; without it the
+the whole 3B model (~10 GB resident in bf16, 12 GB peak while loading), so it runs only with ``--vision-full-3b``; without it the
 encoder runs alone.
 
     python benchmarks/benchmark_kernels.py --vision --vision-full-3b --threads 2
