@@ -33,11 +33,13 @@ parameters, batch 1 and 16.
 ``--vision`` measures instead the vision-language rows: the vision encoder on one 448x448 image
 (256 placeholder tokens after the 2x2 merge) and the TTFT of one chat prompt with that image
 (image processing in the API process's code path, encoder, prefill, first token) on dummy
-weights at Qwen2.5-VL-3B's and PaddleOCR-VL-0.9B's real shapes. Qwen2.5-VL-3B's whole model
-needs ~20 GB while loading (fp32 parameters beside their packed bf16 copies), so its TTFT runs
-only with ``--vision-full-3b``; its encoder runs alone.
+weights at Qwen2.5-VL-3B's and PaddleOCR-VL-0.9B's real shapes, in ``--vision-dtype`` (bf16 by
+default: the towers' and the decoder's projections on the packed linear kernel), each model in
+its own process with its peak RSS and the encoder's per-module time. Qwen2.5-VL-3B's TTFT needs
+the whole 3B model (~10 GB resident in bf16, 12 GB peak while loading), so it runs only with ``--vision-full-3b``; without it the
+encoder runs alone.
 
-    python benchmarks/benchmark_kernels.py --vision --threads 2
+    python benchmarks/benchmark_kernels.py --vision --vision-full-3b --threads 2
 """
 
 from __future__ import annotations
@@ -351,16 +353,45 @@ def _vl_checkpoint(name: str, folder: str) -> str:
     return folder
 
 
-def measure_vision(full_3b: bool) -> dict:
-    """Child process: encoder ms and TTFT ms for one 448x448 image per model (medians of 3 after a warm-up)."""
+def measure_vision(name: str, run_lm: bool, dtype: str, reps: int) -> dict:
+    """Child process: encoder ms and TTFT ms for one 448x448 image (medians of ``reps`` after a warm-up), peak RSS."""
+    import resource
+
     import numpy as np
     from PIL import Image
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (448, 448, 3), dtype=np.uint8))
-    return {name: _vision_row(name, image, full_3b or "Qwen" not in name) for name in _VL_SHAPES}
+    row = _vision_row(name, image, run_lm, dtype, reps)
+    row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return row
 
 
-def _vision_row(name: str, image, run_lm: bool) -> dict:
+def module_times_ms(layer, *inputs) -> dict[str, float]:
+    """One forward of ``layer`` with each sublayer's own time (its children's excluded), summed by class."""
+    totals: dict[str, float] = {}
+    stack: list[list] = []  # [class name, start, time spent in children]
+
+    def pre(sub, _inputs):
+        stack.append([type(sub).__name__, time.perf_counter(), 0.0])
+
+    def post(_sub, _inputs, _out):
+        name, t0, children = stack.pop()
+        spent = time.perf_counter() - t0
+        totals[name] = totals.get(name, 0.0) + (spent - children) * 1e3
+        if stack:
+            stack[-1][2] += spent
+
+    hooks = [h for sub in layer.sublayers(include_self=True)
+             for h in (sub.register_forward_pre_hook(pre), sub.register_forward_post_hook(post))]
+    try:
+        layer(*inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return {k: round(v, 1) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def _vision_row(name: str, image, run_lm: bool, dtype: str, reps: int) -> dict:
     import tempfile
 
     import numpy as np
@@ -368,39 +399,52 @@ def _vision_row(name: str, image, run_lm: bool) -> dict:
 
     from fastdeploy import LLM, SamplingParams
     from fastdeploy.config import ModelConfig
+    from fastdeploy.model_executor.layers.linear import process_linear_weights
     from fastdeploy.model_executor.model_loader.loader import initialize_dummy_weights
     from fastdeploy.model_executor.models.registry import ModelRegistry
+    from fastdeploy.model_executor.utils import deferred_parameters
     from fastdeploy.multimodal.processing import MultiModalProcessor
 
     folder = _vl_checkpoint(name, tempfile.mkdtemp(prefix="vl-bench-"))
+    t0 = time.perf_counter()
     if run_lm:
-        llm = LLM(folder, load_format="dummy", max_model_len=2048, kv_cache_memory_bytes=256 << 20, max_num_seqs=4)
-        visual = llm.llm_engine.engine_core.worker.model_runner.model.visual
+        llm = LLM(folder, load_format="dummy", dtype=dtype, max_model_len=2048, kv_cache_memory_bytes=256 << 20,
+                  max_num_seqs=4)
+        runner = llm.llm_engine.engine_core.worker.model_runner
+        visual = runner.model.visual
         processor = llm.llm_engine.processor.mm_processor()
     else:  # the vision tower alone, at its real shape
         model_config = ModelConfig(model=folder)
-        visual = ModelRegistry.resolve(model_config.architectures).build_vision_tower(model_config.hf_config)
-        initialize_dummy_weights(visual)
+        with deferred_parameters():  # storage arrives layer by layer with the dummy values
+            visual = ModelRegistry.resolve(model_config.architectures).build_vision_tower(model_config.hf_config)
+        with paddle.no_grad():
+            initialize_dummy_weights(visual, pack_dtype=dtype)
+            process_linear_weights(visual, dtype)
         processor = MultiModalProcessor(model_config, None)
+    load_s = time.perf_counter() - t0
     _, (feature,) = processor.process([processor.image_token_id], {"image": image})
     pixels, grid = paddle.to_tensor(feature.pixel_values.to_array()), np.asarray([feature.grid_thw])
     with paddle.no_grad():
-        row = {"image_tokens": feature.length, "grid_thw": feature.grid_thw,
-               "vision_encoder_ms": round(_median_ms(lambda: visual(pixels, grid), 3), 1)}
+        row = {"dtype": dtype, "load_s": round(load_s, 1), "image_tokens": feature.length,
+               "grid_thw": feature.grid_thw, "vision_encoder_ms": round(_median_ms(lambda: visual(pixels, grid), reps), 1),
+               "vision_encoder_ms_by_module": module_times_ms(visual, pixels, grid)}
     if not run_lm:
         row["ttft_ms"] = None
-        row["ttft_note"] = ("not measured: the whole 3B model needs ~20 GB while loading; run with --vision-full-3b "
-                            "on a machine with the memory")
+        row["ttft_note"] = "not measured: run with --vision-full-3b for the whole model's TTFT"
         return row
     params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     messages = [{"role": "user", "content": [{"type": "image_pil", "image_pil": image},
                                              {"type": "text", "text": "Describe the image."}]}]
+    encoder_cache = runner.mm_state.encoder_cache
 
     def first_token() -> None:
         llm.reset_prefix_cache()  # every run prefills the whole prompt
         llm.chat(messages, params, use_tqdm=False)
 
-    row["ttft_ms"] = round(_median_ms(first_token, 3), 1)
+    before = encoder_cache.num_encoded
+    row["ttft_ms"] = round(_median_ms(first_token, reps), 1)
+    # Each TTFT run encodes its image (nothing is served from an earlier request's encoder output).
+    row["encoder_runs_per_ttft"] = (encoder_cache.num_encoded - before) / (reps + 1)
     row["prompt_tokens"] = len(llm.chat(messages, params, use_tqdm=False)[0].prompt_token_ids)
     return row
 
@@ -438,14 +482,18 @@ def main() -> None:
     parser.add_argument("--moe-only", action="store_true", help="only the MoE-vs-dense rows (results/kernels_moe.json)")
     parser.add_argument("--vision", action="store_true", help="measure the vision-language rows instead")
     parser.add_argument("--vision-full-3b", action="store_true", help="with --vision: Qwen2.5-VL-3B's TTFT too")
+    parser.add_argument("--vision-dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                        help="with --vision: the models' compute dtype")
+    parser.add_argument("--vision-reps", type=int, default=3, help="with --vision: timed runs after the warm-up")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-task", default="steps", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         if args.child_task == "moe":
             print(json.dumps(measure_moe(args.moe_layers, args.moe_reps)))
-        elif args.child_task.startswith("vision"):
-            print(json.dumps(measure_vision(args.child_task == "vision-full-3b")))
+        elif args.child_task.startswith("vision:"):
+            _, name, run_lm = args.child_task.split(":")
+            print(json.dumps(measure_vision(name, run_lm == "lm", args.vision_dtype, args.vision_reps)))
         elif args.child_task == "formats":
             print(json.dumps(measure_formats(args.prefill_len)))
         elif args.child_task.startswith("rss:"):
@@ -465,14 +513,18 @@ def main() -> None:
                        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count()}, "moe_by_threads": moe}, f, indent=2)
         return
     if args.vision:
-        task = "vision-full-3b" if args.vision_full_3b else "vision"
-        by_threads = {str(t): run_child(t, args, "--child-task", task) for t in args.threads}
+        # One process per model, so each peak RSS is that model's alone.
+        by_threads = {str(t): {name: run_child(t, args, "--vision-dtype", args.vision_dtype, "--vision-reps",
+                                               str(args.vision_reps), "--child-task",
+                                               f"vision:{name}:{'lm' if args.vision_full_3b or 'Qwen' not in name else 'tower'}")
+                               for name in _VL_SHAPES} for t in args.threads}
         print(json.dumps(by_threads, indent=1), flush=True)
         output = args.output.replace("kernels.json", "kernels_vision.json")
         with open(output, "w", encoding="utf-8") as f:
             json.dump({"benchmark": "benchmarks/benchmark_kernels.py --vision", "command": " ".join(["python"] + sys.argv),
                        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "load_average": os.getloadavg()[0]},
-                       "note": "dummy weights at the real shapes; one 448x448 image; median ms of 3 after a warm-up",
+                       "note": "dummy weights at the real shapes; one 448x448 image; median ms of --vision-reps after a warm-up; "
+                               "vision_encoder_ms_by_module: one forward, each module's own time (children excluded)",
                        "results_by_threads": by_threads}, f, indent=2)
         return
     results = {}

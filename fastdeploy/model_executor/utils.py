@@ -2,19 +2,48 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import paddle
 
 
+class _Unfilled(paddle.nn.initializer.Initializer):
+    """Leaves a parameter without storage: its memory is allocated when a value is first set."""
+
+    def forward(self, var: paddle.Tensor, block: Any = None) -> None:
+        return None
+
+
+_DEFER_FILL = False
+
+
+@contextlib.contextmanager
+def deferred_parameters() -> Iterator[None]:
+    """Parameters created inside get no storage until a value is set (``set_value``).
+
+    For loaders that then set every parameter whole, one layer at a time (dummy weights):
+    the model's full fp32 copy never exists at once.
+    """
+    global _DEFER_FILL
+    previous, _DEFER_FILL = _DEFER_FILL, True
+    try:
+        yield
+    finally:
+        _DEFER_FILL = previous
+
+
 def new_parameter(shape: list[int], dtype: str = "float32", fill: float = 0.0) -> paddle.Tensor:
     """An inference-only parameter (``stop_gradient=True``, so eager ops record no autograd graph).
 
     Filled with a constant: real values arrive through the weight loaders, and a
-    constant fill is a memset where a random initializer would cost seconds.
+    constant fill is a memset where a random initializer would cost seconds. Inside
+    :func:`deferred_parameters` it is left without storage instead.
     """
-    param = paddle.create_parameter(shape=shape, dtype=dtype, default_initializer=paddle.nn.initializer.Constant(fill))
+    init = _Unfilled() if _DEFER_FILL else paddle.nn.initializer.Constant(fill)
+    param = paddle.create_parameter(shape=shape, dtype=dtype, default_initializer=init)
     param.stop_gradient = True
     return param
 

@@ -23,7 +23,7 @@ from fastdeploy.model_executor.model_loader.weight_utils import (
     safetensors_weights_iterator,
 )
 from fastdeploy.model_executor.models.registry import ModelRegistry
-from fastdeploy.model_executor.utils import load_into
+from fastdeploy.model_executor.utils import deferred_parameters, load_into
 from fastdeploy.platforms import current_platform
 
 logger = init_logger(__name__)
@@ -69,23 +69,46 @@ def get_weights_iterator(model_config: Any, load_format: str = "auto") -> Iterat
     raise ValueError(f"Unknown load_format {fmt!r}.")
 
 
-def initialize_dummy_weights(model: nn.Layer, seed: int = DUMMY_SEED, std: float = DUMMY_STD) -> None:
-    """Deterministic random weights: N(0, std) matrices, ones for norms, zeros for biases."""
+def initialize_dummy_weights(model: nn.Layer, seed: int = DUMMY_SEED, std: float = DUMMY_STD,
+                             pack_dtype: str | None = None) -> None:
+    """Deterministic random weights: N(0, std) matrices, ones for norms, zeros for biases.
+
+    Layer by layer, in ``named_parameters`` order (so the values do not depend on ``pack_dtype``).
+    With ``pack_dtype`` each linear layer is packed for that compute dtype as soon as its
+    weights are set, which frees its fp32 weight before the next layer's is made: with
+    parameters made under :func:`deferred_parameters`, only one layer's fp32 weights exist at a time.
+
+    Raises:
+        ValueError: a parameter was left without a value (made without storage, never set).
+    """
+    from fastdeploy.model_executor.layers.linear import LinearBase
+
     rng = np.random.default_rng(seed)
     tie = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
-    for name, param in model.named_parameters():
-        if tie and name == "lm_head.weight":
-            continue
-        shape = list(param.shape)
-        if "norm" in name:
-            value = np.ones(shape, dtype=np.float32)
-        elif name.endswith(".bias"):
-            value = np.zeros(shape, dtype=np.float32)
-        else:
-            value = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-        load_into(param, value, name)
+    tied_head = getattr(model, "lm_head", None) if tie else None
+    seen: set[int] = set()
+    for prefix, layer in model.named_sublayers(include_self=True):
+        for leaf, param in layer.named_parameters(include_sublayers=False):
+            name = f"{prefix}.{leaf}" if prefix else leaf
+            if id(param) in seen or (tie and name == "lm_head.weight"):
+                continue
+            seen.add(id(param))
+            shape = list(param.shape)
+            if "norm" in name:
+                value = np.ones(shape, dtype=np.float32)
+            elif name.endswith(".bias"):
+                value = np.zeros(shape, dtype=np.float32)
+            else:
+                value = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+            load_into(param, value, name)
+            del value
+        if pack_dtype is not None and isinstance(layer, LinearBase) and layer is not tied_head:
+            layer.process_weights_after_loading(pack_dtype)
     if tie and hasattr(model, "lm_head"):
         model.lm_head.tie_weights(model.model.embed_tokens)
+    unset = [name for name, param in model.named_parameters() if not param._is_initialized()]
+    if unset:
+        raise ValueError(f"Dummy weights left {len(unset)} parameters without a value, e.g. {unset[:5]}.")
 
 
 def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -> dict[str, Any]:
@@ -148,11 +171,17 @@ def get_model(model_config: Any, load_config: Any = None) -> nn.Layer:
         quant_kwargs = _quantization_kwargs(model_config, model_cls, load_format)
         # Parameters live in the platform's storage dtype (fp32 on CPU); models that can,
         # convert their weights for the compute dtype once loaded (packed bf16 matmul weights).
-        model = model_cls(hf_config, dtype=current_platform.param_dtype(dtype), **quant_kwargs)
-        model.eval()
         if load_format == "dummy":
-            initialize_dummy_weights(model)
+            # No storage until each layer's values are set, then packed one layer at a time where the
+            # model allows it: peak memory is the packed model plus one layer's fp32 weights.
+            with deferred_parameters():
+                model = model_cls(hf_config, dtype=current_platform.param_dtype(dtype), **quant_kwargs)
+            model.eval()
+            pack = dtype if getattr(model, "packs_dummy_weights_per_layer", False) else None
+            initialize_dummy_weights(model, pack_dtype=pack)
         else:
+            model = model_cls(hf_config, dtype=current_platform.param_dtype(dtype), **quant_kwargs)
+            model.eval()
             model.load_weights(get_weights_iterator(model_config, load_format))
         if hasattr(model, "process_weights_after_loading"):
             model.process_weights_after_loading(dtype)

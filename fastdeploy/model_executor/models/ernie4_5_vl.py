@@ -33,6 +33,7 @@ import paddle.nn.functional as F
 from paddle import nn
 
 from fastdeploy.model_executor.layers.fused_moe import FusedMoE
+from fastdeploy.model_executor.layers.layernorm import RMSNorm
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
 from fastdeploy.model_executor.models.llama import DecoderOptions, LlamaMLP
 from fastdeploy.model_executor.models.moe import (
@@ -46,13 +47,14 @@ from fastdeploy.model_executor.models.paddleocr_vl import _LayerNorm
 from fastdeploy.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
 from fastdeploy.model_executor.models.qwen2_5_vl_vision import (
     Qwen2_5_VisionAttention,
-    _Linear,
-    _RMSNorm,
+    SegmentAttention,
     activation,
+    image_segments,
     merged_rot_pos,
-    segment_mask,
+    rope_cos_sin,
+    rope_inv_freq,
+    vision_linear,
 )
-from fastdeploy.model_executor.utils import new_parameter
 
 _CHECKS = {
     **COMMON_CHECKS,
@@ -70,12 +72,13 @@ class _VisionBlock(nn.Layer):
         self.norm1 = _LayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm2 = _LayerNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn = Qwen2_5_VisionAttention(cfg.hidden_size, cfg.num_heads)
-        self.fc1 = _Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.fc2 = _Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.fc1 = vision_linear(cfg.hidden_size, cfg.intermediate_size)
+        self.fc2 = vision_linear(cfg.intermediate_size, cfg.hidden_size)
         self.act = activation(cfg.hidden_act)
 
-    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, mask)
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                segments: SegmentAttention) -> paddle.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, segments)
         return x + self.fc2(self.act(self.fc1(self.norm2(x))))
 
 
@@ -84,8 +87,8 @@ class _ResamplerMLP(nn.Layer):
 
     def __init__(self, in_dim: int, out_dim: int, eps: float) -> None:
         super().__init__()
-        self.fc1 = _Linear(in_dim, out_dim)
-        self.fc2 = _Linear(out_dim, out_dim)
+        self.fc1 = vision_linear(in_dim, out_dim)
+        self.fc2 = vision_linear(out_dim, out_dim)
         self.ln = _LayerNorm(out_dim, eps)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
@@ -101,40 +104,34 @@ class Ernie4_5_VLVisionTower(nn.Layer):
         text = hf_config.get_text_config()
         self.merge = cfg.spatial_merge_size
         dim = cfg.hidden_size
-        self.patch_weight = new_parameter([dim, cfg.in_channels * cfg.patch_size**2])
+        self.patch_embed = vision_linear(cfg.in_channels * cfg.patch_size**2, dim, bias=False)
         self.blocks = nn.LayerList([_VisionBlock(cfg) for _ in range(cfg.depth)])
         self.ln = _LayerNorm(dim, cfg.rms_norm_eps)
         spatial = dim * self.merge**2
         self.temporal_merge = int(cfg.temporal_merge_size)
         self.spatial_linear = _ResamplerMLP(spatial, spatial, cfg.rms_norm_eps)
         self.temporal_linear = _ResamplerMLP(spatial * self.temporal_merge, spatial, cfg.rms_norm_eps)
-        self.mlp = _Linear(spatial, text.hidden_size)
-        self.after_norm = _RMSNorm(text.hidden_size, text.rms_norm_eps)
-        rot = (dim // cfg.num_heads) // 2  # half of each head's rotary dims encode the row, half the column
-        self._inv_freq = (1.0 / (10000.0 ** (np.arange(0, rot, 2, dtype=np.float32) / np.float32(rot)))).astype(
-            np.float32)
+        self.mlp = vision_linear(spatial, text.hidden_size)
+        self.after_norm = RMSNorm(text.hidden_size, text.rms_norm_eps)
+        self._inv_freq = rope_inv_freq(dim // cfg.num_heads)
 
     def forward(self, pixel_values: paddle.Tensor, grid_thw: np.ndarray) -> paddle.Tensor:
         grid_thw = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
         if (grid_thw[:, 0] != 1).any():
             raise NotImplementedError("ERNIE-4.5-VL: inputs with more than one frame (videos) are not supported; "
                                       "only images are.")
-        x = paddle.matmul(pixel_values.reshape([pixel_values.shape[0], -1]).astype("float32"), self.patch_weight,
-                          transpose_y=True)
-        freqs = merged_rot_pos(grid_thw, self.merge).astype(np.float32)[:, :, None] * self._inv_freq
-        freqs = freqs.reshape(x.shape[0], -1)
-        emb = np.concatenate([freqs, freqs], axis=-1)[:, None, :]
-        cos, sin = paddle.to_tensor(np.cos(emb)), paddle.to_tensor(np.sin(emb))
-        mask = segment_mask(np.concatenate([[0], np.cumsum(grid_thw[:, 1] * grid_thw[:, 2])]), x.shape[0])
+        x = self.patch_embed(pixel_values.reshape([pixel_values.shape[0], -1]).astype("float32"))
+        cos, sin = rope_cos_sin(merged_rot_pos(grid_thw, self.merge), self._inv_freq)
+        segments = SegmentAttention(image_segments(grid_thw))
         for blk in self.blocks:
-            x = blk(x, cos, sin, mask)
+            x = blk(x, cos, sin, segments)
         x = self.spatial_linear(self.ln(x).reshape([-1, x.shape[-1] * self.merge**2]))
         # One frame: both temporal slots of the pair hold the image's own row.
         x = self.temporal_linear(paddle.concat([x] * self.temporal_merge, axis=-1))
         return self.after_norm(self.mlp(x))
 
     _RENAMES = (("vision_model.", "visual."), ("vision_tower.", "visual."), ("resampler_model.", "visual."),
-                ("visual.patch_embed.proj.weight", "visual.patch_weight"), (".mlp.fc", ".fc"),
+                ("visual.patch_embed.proj.weight", "visual.patch_embed.weight"), (".mlp.fc", ".fc"),
                 ("_linear.0.", "_linear.fc1."), ("_linear.2.", "_linear.fc2."), ("_linear.3.", "_linear.ln."))
 
     @classmethod

@@ -19,7 +19,15 @@ from paddle import nn
 
 from fastdeploy.model_executor.models.llama import DecoderOptions
 from fastdeploy.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
-from fastdeploy.model_executor.models.qwen2_5_vl_vision import _Linear, activation, rotate_half, segment_mask
+from fastdeploy.model_executor.models.qwen2_5_vl_vision import (
+    SegmentAttention,
+    activation,
+    image_segments,
+    rope_attention,
+    rope_cos_sin,
+    rope_inv_freq,
+    vision_linear,
+)
 from fastdeploy.model_executor.utils import new_parameter
 
 
@@ -42,21 +50,17 @@ class _EncoderLayer(nn.Layer):
         self.layer_norm1 = _LayerNorm(dim, cfg.layer_norm_eps)
         self.layer_norm2 = _LayerNorm(dim, cfg.layer_norm_eps)
         # q/k/v, not q_proj/k_proj/v_proj: the decoder's loader fuses those names into qkv_proj.
-        self.q, self.k, self.v, self.out_proj = (_Linear(dim, dim) for _ in range(4))
-        self.fc1 = _Linear(dim, cfg.intermediate_size)
-        self.fc2 = _Linear(cfg.intermediate_size, dim)
+        self.q, self.k, self.v, self.out_proj = (vision_linear(dim, dim) for _ in range(4))
+        self.fc1 = vision_linear(dim, cfg.intermediate_size)
+        self.fc2 = vision_linear(cfg.intermediate_size, dim)
         self.act = activation(cfg.hidden_act)
 
-    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                segments: SegmentAttention) -> paddle.Tensor:
         seq = x.shape[0]
         h = self.layer_norm1(x)
         q, k, v = (p(h).reshape([seq, self.num_heads, self.head_dim]) for p in (self.q, self.k, self.v))
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        q, k, v = (t.transpose([1, 0, 2]) for t in (q, k, v))
-        scores = paddle.matmul(q, k, transpose_y=True) * (self.head_dim**-0.5) + mask
-        attn = paddle.matmul(F.softmax(scores, axis=-1), v).transpose([1, 0, 2]).reshape([seq, -1])
-        x = x + self.out_proj(attn)
+        x = x + self.out_proj(rope_attention(q, k, v, cos, sin, segments))
         return x + self.fc2(self.act(self.fc1(self.layer_norm2(x))))
 
 
@@ -68,19 +72,16 @@ class PaddleOCRVisionTower(nn.Layer):
         cfg = hf_config.vision_config
         self.merge = cfg.spatial_merge_size
         dim = cfg.hidden_size
-        self.patch_weight = new_parameter([dim, cfg.num_channels * cfg.patch_size**2])
-        self.patch_bias = new_parameter([dim])
+        self.patch_embedding = vision_linear(cfg.num_channels * cfg.patch_size**2, dim)
         self.grid_side = cfg.image_size // cfg.patch_size
         self.position_embedding = new_parameter([self.grid_side**2, dim])
         self.layers = nn.LayerList([_EncoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.post_layernorm = _LayerNorm(dim, cfg.layer_norm_eps)
         merged = dim * self.merge * self.merge
         self.pre_norm = _LayerNorm(dim, 1e-5)
-        self.linear_1 = _Linear(merged, merged)
-        self.linear_2 = _Linear(merged, hf_config.get_text_config().hidden_size)
-        rot = (dim // cfg.num_attention_heads) // 2
-        self._inv_freq = (1.0 / (10000.0 ** (np.arange(0, rot, 2, dtype=np.float32) / np.float32(rot)))).astype(
-            np.float32)
+        self.linear_1 = vision_linear(merged, merged)
+        self.linear_2 = vision_linear(merged, hf_config.get_text_config().hidden_size)
+        self._inv_freq = rope_inv_freq(dim // cfg.num_attention_heads)
 
     def _positions(self, h: int, w: int) -> paddle.Tensor:
         """The learned ``[side, side]`` position table resized (bilinear, half-pixel) to ``h x w``."""
@@ -90,8 +91,7 @@ class PaddleOCRVisionTower(nn.Layer):
 
     def forward(self, pixel_values: paddle.Tensor, grid_thw: np.ndarray) -> paddle.Tensor:
         grid_thw = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
-        x = paddle.matmul(pixel_values.reshape([pixel_values.shape[0], -1]).astype("float32"), self.patch_weight,
-                          transpose_y=True) + self.patch_bias
+        x = self.patch_embedding(pixel_values.reshape([pixel_values.shape[0], -1]).astype("float32"))
         parts, rows, cols, start = [], [], [], 0
         for t, h, w in grid_thw.tolist():
             n = t * h * w
@@ -101,14 +101,10 @@ class PaddleOCRVisionTower(nn.Layer):
             cols.append(ids % w)
             start += n
         x = paddle.concat(parts, axis=0) if len(parts) > 1 else parts[0]
-        freqs = np.stack([np.concatenate(rows), np.concatenate(cols)], -1).astype(np.float32)[:, :, None] * self._inv_freq
-        freqs = freqs.reshape(x.shape[0], -1)
-        emb = np.concatenate([freqs, freqs], axis=-1)[:, None, :]
-        cos, sin = paddle.to_tensor(np.cos(emb)), paddle.to_tensor(np.sin(emb))
-        mask = segment_mask(np.concatenate([[0], np.cumsum(np.repeat(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0]))]),
-                            x.shape[0])
+        cos, sin = rope_cos_sin(np.stack([np.concatenate(rows), np.concatenate(cols)], -1), self._inv_freq)
+        segments = SegmentAttention(image_segments(grid_thw))
         for layer in self.layers:
-            x = layer(x, cos, sin, mask)
+            x = layer(x, cos, sin, segments)
         x = self.pre_norm(self.post_layernorm(x))
         out, start, m = [], 0, self.merge
         for t, h, w in grid_thw.tolist():
@@ -118,8 +114,7 @@ class PaddleOCRVisionTower(nn.Layer):
         merged = paddle.concat(out, axis=0) if len(out) > 1 else out[0]
         return self.linear_2(F.gelu(self.linear_1(merged)))
 
-    _RENAMES = (("visual.vision_model.embeddings.patch_embedding.weight", "visual.patch_weight"),
-                ("visual.vision_model.embeddings.patch_embedding.bias", "visual.patch_bias"),
+    _RENAMES = (("visual.vision_model.embeddings.patch_embedding.", "visual.patch_embedding."),
                 ("visual.vision_model.embeddings.position_embedding.weight", "visual.position_embedding"),
                 ("visual.vision_model.encoder.layers.", "visual.layers."),
                 ("visual.vision_model.post_layernorm.", "visual.post_layernorm."),

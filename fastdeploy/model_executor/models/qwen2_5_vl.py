@@ -94,6 +94,9 @@ class Qwen2_5_VLForConditionalGeneration(LlamaForCausalLM):
 
     supports_multimodal = True
     uses_mrope = True
+    # Dummy weights: each linear layer may be packed as soon as its weights are set (nothing in
+    # process_weights_after_loading reads a dense weight back), so a bf16 model never holds a full fp32 copy.
+    packs_dummy_weights_per_layer = True
 
     def __init__(self, hf_config: Any, dtype: str = "float32", quant_config: QuantizationConfig | None = None) -> None:
         text_config = hf_config.get_text_config()

@@ -6,9 +6,11 @@ language model's width per merged 2x2 patch group, in the order the placeholder 
 
 Most blocks attend within windows of ``window_size`` pixels (the patches are reordered so each
 window is contiguous); the blocks in ``fullatt_block_indexes`` attend over the whole image. Both
-are expressed as one masked attention over the step's patches: a block-diagonal mask keeps every
-window (or image) to itself. Weights are kept in Hugging Face's ``[out, in]`` layout, so the
-checkpoint loads without transposes.
+run as one batched attention over the segments (:class:`SegmentAttention`): every window (or
+image) is a batch row, padded to the longest with masked keys where their lengths differ. The
+projections are the project's :class:`~fastdeploy.model_executor.layers.linear.ReplicatedLinear`
+(the language model's linear-method interface: packed for the linear kernel in bf16 or fp32
+after loading; replicated, not sharded, under tensor parallelism) and the norms its RMSNorm.
 """
 
 from __future__ import annotations
@@ -20,30 +22,16 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
-from fastdeploy.model_executor.utils import new_parameter
+from fastdeploy.model_executor.layers.layernorm import RMSNorm
+from fastdeploy.model_executor.layers.linear import ReplicatedLinear
 
 
-class _Linear(nn.Layer):
-    """``x @ W.T + b`` with ``W`` ``[out, in]`` as Hugging Face stores it."""
+def vision_linear(in_features: int, out_features: int, bias: bool = True) -> ReplicatedLinear:
+    """A tower projection ``x @ W (+ b)``; its loader takes Hugging Face's ``[out, in]`` tensor.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
-        super().__init__()
-        self.weight = new_parameter([out_features, in_features])
-        self.bias = new_parameter([out_features]) if bias else None
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        out = paddle.matmul(x, self.weight, transpose_y=True)
-        return out if self.bias is None else out + self.bias
-
-
-class _RMSNorm(nn.Layer):
-    def __init__(self, dim: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = new_parameter([dim], fill=1.0)
-        self.eps = eps
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        return x * paddle.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+    Unquantized: the quantized checkpoints (AWQ, GPTQ) ship the vision tower in 16 bits.
+    """
+    return ReplicatedLinear(in_features, out_features, bias=bias)
 
 
 def rotate_half(x: paddle.Tensor) -> paddle.Tensor:
@@ -63,13 +51,69 @@ def activation(name: str):
     return _ACTIVATIONS[name]
 
 
-def segment_mask(cu_seqlens: np.ndarray, total: int) -> paddle.Tensor:
-    """Additive ``[1, total, total]`` mask: 0 within each ``[cu[i], cu[i+1])`` segment, -inf across."""
-    seg = np.zeros(total, dtype=np.int64)
-    for i in range(len(cu_seqlens) - 1):
-        seg[cu_seqlens[i]:cu_seqlens[i + 1]] = i
-    mask = np.where(seg[:, None] == seg[None, :], 0.0, -np.inf).astype(np.float32)
-    return paddle.to_tensor(mask[None])
+class SegmentAttention:
+    """Attention of each ``[cu[i], cu[i+1])`` segment of a ``[S, H, D]`` sequence to itself, batched.
+
+    The segments become the batch of one ``scaled_dot_product_attention`` call ``[B, L, H, D]``
+    (L the longest segment): the work is ``sum(len^2)``, not ``S^2`` as a block-diagonal mask
+    over the whole sequence would cost. Segments of unequal length are padded to ``L`` with a
+    zero row whose keys the additive mask removes; the padded rows are dropped again after.
+    Built once per forward and shared by every block attending over the same segments.
+    """
+
+    def __init__(self, cu_seqlens: np.ndarray) -> None:
+        cu = np.asarray(cu_seqlens, dtype=np.int64)
+        lens = np.diff(cu)
+        self.total, self.batch, self.length = int(cu[-1]), len(lens), int(lens.max())
+        self.gather = self.scatter = self.mask = None
+        if (lens == self.length).all():  # a plain reshape: no padding
+            return
+        # Row `total` of the padded input is zeros; every padded slot points at it.
+        slots = np.arange(self.length)[None, :]
+        valid = slots < lens[:, None]
+        index = np.where(valid, cu[:-1, None] + slots, self.total)
+        self.gather = paddle.to_tensor(index.ravel())
+        self.scatter = paddle.to_tensor(np.flatnonzero(valid.ravel()))  # segment order is sequence order
+        mask = np.where(valid, 0.0, -np.inf).astype(np.float32)
+        self.mask = paddle.to_tensor(mask[:, None, None, :])  # [B, 1, 1, L]: masks keys only
+
+    def __call__(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor) -> paddle.Tensor:
+        """``q, k, v`` ``[S, H, D]`` -> ``[S, H * D]``."""
+        heads, dim = q.shape[1], q.shape[2]
+        if self.gather is not None:
+            pad = paddle.zeros([1, heads, dim], dtype=q.dtype)
+            q, k, v = (paddle.gather(paddle.concat([t, pad]), self.gather) for t in (q, k, v))
+        q, k, v = (t.reshape([self.batch, self.length, heads, dim]) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, training=False)
+        out = out.reshape([self.batch * self.length, heads * dim])
+        return out if self.scatter is None else paddle.gather(out, self.scatter)
+
+
+def image_segments(grid_thw: np.ndarray) -> np.ndarray:
+    """``cu_seqlens`` of the frames of ``grid_thw`` ``[I, 3]``: each frame attends to itself."""
+    return np.concatenate([[0], np.cumsum(np.repeat(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0]))])
+
+
+def rope_cos_sin(pos: np.ndarray, inv_freq: np.ndarray) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """2-D rotary tables ``[S, 1, head_dim]`` from each patch's ``(row, column)`` ``pos`` ``[S, 2]``:
+    the first half of the bands turns with the row, the second with the column."""
+    freqs = (pos.astype(np.float32)[:, :, None] * inv_freq[None, None, :]).reshape(len(pos), -1)
+    emb = np.concatenate([freqs, freqs], axis=-1)[:, None, :]
+    return paddle.to_tensor(np.cos(emb)), paddle.to_tensor(np.sin(emb))
+
+
+def rope_inv_freq(head_dim: int) -> np.ndarray:
+    """Inverse frequencies of the towers' 2-D RoPE (half of each head's dims per axis, base 10000)."""
+    rot = head_dim // 2
+    return (1.0 / (10000.0 ** (np.arange(0, rot, 2, dtype=np.float32) / np.float32(rot)))).astype(np.float32)
+
+
+def rope_attention(q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                   segments: SegmentAttention) -> paddle.Tensor:
+    """NeoX-rotated ``q``/``k`` ``[S, H, D]`` attending within ``segments``: ``[S, H * D]``."""
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    return segments(q, k, v)
 
 
 def merged_rot_pos(grid_thw: np.ndarray, merge: int) -> np.ndarray:
@@ -87,28 +131,23 @@ class Qwen2_5_VisionAttention(nn.Layer):
     def __init__(self, dim: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, dim // num_heads
-        self.qkv = _Linear(dim, 3 * dim)
-        self.proj = _Linear(dim, dim)
+        self.qkv = vision_linear(dim, 3 * dim)
+        self.proj = vision_linear(dim, dim)
 
-    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
-        seq = x.shape[0]
-        qkv = self.qkv(x).reshape([seq, 3, self.num_heads, self.head_dim])
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # [S, H, D]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        q, k, v = (t.transpose([1, 0, 2]) for t in (q, k, v))  # [H, S, D]
-        scores = paddle.matmul(q, k, transpose_y=True) * (self.head_dim**-0.5) + mask
-        out = paddle.matmul(F.softmax(scores, axis=-1), v)  # [H, S, D]
-        return self.proj(out.transpose([1, 0, 2]).reshape([seq, -1]))
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                segments: SegmentAttention) -> paddle.Tensor:
+        qkv = self.qkv(x).reshape([x.shape[0], 3, self.num_heads, self.head_dim])
+        q, k, v = paddle.unbind(qkv, axis=1)  # [S, H, D] each
+        return self.proj(rope_attention(q, k, v, cos, sin, segments))
 
 
 class Qwen2_5_VisionMLP(nn.Layer):
     def __init__(self, dim: int, hidden: int, act: str) -> None:
         super().__init__()
         # Not "gate_proj"/"up_proj": the decoder's loader fuses those names into gate_up_proj.
-        self.gate = _Linear(dim, hidden)
-        self.up = _Linear(dim, hidden)
-        self.down_proj = _Linear(hidden, dim)
+        self.gate = vision_linear(dim, hidden)
+        self.up = vision_linear(dim, hidden)
+        self.down_proj = vision_linear(hidden, dim)
         self.act = activation(act)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
@@ -118,13 +157,14 @@ class Qwen2_5_VisionMLP(nn.Layer):
 class Qwen2_5_VisionBlock(nn.Layer):
     def __init__(self, cfg: Any) -> None:
         super().__init__()
-        self.norm1 = _RMSNorm(cfg.hidden_size)
-        self.norm2 = _RMSNorm(cfg.hidden_size)
+        self.norm1 = RMSNorm(cfg.hidden_size, 1e-6)
+        self.norm2 = RMSNorm(cfg.hidden_size, 1e-6)
         self.attn = Qwen2_5_VisionAttention(cfg.hidden_size, cfg.num_heads)
         self.mlp = Qwen2_5_VisionMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
-    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor, mask: paddle.Tensor) -> paddle.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, mask)
+    def forward(self, x: paddle.Tensor, cos: paddle.Tensor, sin: paddle.Tensor,
+                segments: SegmentAttention) -> paddle.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin, segments)
         return x + self.mlp(self.norm2(x))
 
 
@@ -134,9 +174,9 @@ class Qwen2_5_VLPatchMerger(nn.Layer):
     def __init__(self, out_dim: int, context_dim: int, merge: int) -> None:
         super().__init__()
         self.hidden = context_dim * merge * merge
-        self.ln_q = _RMSNorm(context_dim)
-        self.fc1 = _Linear(self.hidden, self.hidden)
-        self.fc2 = _Linear(self.hidden, out_dim)
+        self.ln_q = RMSNorm(context_dim, 1e-6)
+        self.fc1 = vision_linear(self.hidden, self.hidden)
+        self.fc2 = vision_linear(self.hidden, out_dim)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         x = self.ln_q(x).reshape([-1, self.hidden])
@@ -156,13 +196,10 @@ class Qwen2_5_VisionTransformer(nn.Layer):
         self.fullatt_block_indexes = set(cfg.fullatt_block_indexes)
         in_dim = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size**2
         # Conv3d with kernel == stride over one flattened patch is a matmul with the flattened kernel.
-        self.patch_embed_weight = new_parameter([cfg.hidden_size, in_dim])
+        self.patch_embed = vision_linear(in_dim, cfg.hidden_size, bias=False)
         self.blocks = nn.LayerList([Qwen2_5_VisionBlock(cfg) for _ in range(cfg.depth)])
         self.merger = Qwen2_5_VLPatchMerger(cfg.out_hidden_size, cfg.hidden_size, self.merge)
-        head_dim = cfg.hidden_size // cfg.num_heads
-        rot = head_dim // 2  # half of each head's rotary dims encode the row, half the column
-        self._inv_freq = (1.0 / (10000.0 ** (np.arange(0, rot, 2, dtype=np.float32) / np.float32(rot)))).astype(
-            np.float32)
+        self._inv_freq = rope_inv_freq(cfg.hidden_size // cfg.num_heads)
 
     # ---- host-side index computations ----------------------------------------------------
     def _rot_pos(self, grid_thw: np.ndarray) -> np.ndarray:
@@ -194,21 +231,15 @@ class Qwen2_5_VisionTransformer(nn.Layer):
         """``[N, in_dim]`` patches of the images in ``grid_thw`` ``[I, 3]`` -> ``[N / merge^2, out_hidden]``."""
         grid_thw = np.asarray(grid_thw, dtype=np.int64).reshape(-1, 3)
         unit = self.merge * self.merge
-        x = paddle.matmul(pixel_values.astype("float32"), self.patch_embed_weight, transpose_y=True)
-        seq = x.shape[0]
-        pos = self._rot_pos(grid_thw)
+        x = self.patch_embed(pixel_values.astype("float32"))
         window_index, cu_window = self._window_index(grid_thw)
         # Patch order follows the windows: groups of `unit` patches move together.
         order = (window_index[:, None] * unit + np.arange(unit)[None, :]).ravel()
         x = paddle.gather(x, paddle.to_tensor(order))
-        freqs = pos[order].astype(np.float32)[:, :, None] * self._inv_freq[None, None, :]  # [S, 2, rot/2]
-        freqs = freqs.reshape(seq, -1)
-        emb = np.concatenate([freqs, freqs], axis=-1)[:, None, :]  # [S, 1, head_dim]
-        cos, sin = paddle.to_tensor(np.cos(emb)), paddle.to_tensor(np.sin(emb))
-        cu_full = np.concatenate([[0], np.cumsum(np.repeat(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0]))])
-        full_mask, window_mask = segment_mask(cu_full, seq), segment_mask(cu_window, seq)
+        cos, sin = rope_cos_sin(self._rot_pos(grid_thw)[order], self._inv_freq)
+        full, windows = SegmentAttention(image_segments(grid_thw)), SegmentAttention(cu_window)
         for i, blk in enumerate(self.blocks):
-            x = blk(x, cos, sin, full_mask if i in self.fullatt_block_indexes else window_mask)
+            x = blk(x, cos, sin, full if i in self.fullatt_block_indexes else windows)
         merged = self.merger(x)
         return paddle.gather(merged, paddle.to_tensor(np.argsort(window_index)))
 
@@ -217,7 +248,7 @@ class Qwen2_5_VisionTransformer(nn.Layer):
     def hf_to_ours(name: str, array: np.ndarray) -> tuple[str, np.ndarray]:
         """A ``visual.*`` checkpoint tensor under our parameter name (the Conv3d kernel flattened)."""
         if name.endswith("patch_embed.proj.weight"):
-            return name.replace("patch_embed.proj.weight", "patch_embed_weight"), np.asarray(array).reshape(
+            return name.replace("patch_embed.proj.weight", "patch_embed.weight"), np.asarray(array).reshape(
                 array.shape[0], -1)
         for hf, ours in (("merger.mlp.0.", "merger.fc1."), ("merger.mlp.2.", "merger.fc2."), ("mlp.gate_proj.", "mlp.gate."),
                          ("mlp.up_proj.", "mlp.up.")):
