@@ -26,7 +26,6 @@ import ctypes
 import fcntl
 import hashlib
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -41,7 +40,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from fastdeploy import envs
+from fastdeploy import envs, omp_runtime
 from fastdeploy.logger import init_logger
 from fastdeploy.platforms.cpu_features import cpu_flags_line
 
@@ -60,23 +59,14 @@ LD_FLAGS = ["-fopenmp"]
 # of their own beside oneDNN's, two pools of threads spin-waiting on the same cores in turn, so
 # that two threads computed a prefill slower than one. GCC's OpenMP code calls the GOMP_* entry
 # points, which libiomp5 implements too: linked against it instead, every kernel, oneDNN and
-# Paddle share one pool.
-IOMP_LIB = "libiomp5.so"
+# Paddle share one pool (as long as no other OpenMP came first: fastdeploy/omp_runtime.py).
 ONEDNN_LD_FLAGS = ["-l:libdnnl.so.3"]
 
 
 def _link_flags() -> list[str]:
     """The OpenMP runtime to link: Paddle's libiomp5 where its wheel has one (on the -L path and rpath
     Paddle's cpp_extension sets), else libgomp."""
-    lib_dir = _paddle_lib_dir()
-    return [f"-l:{IOMP_LIB}"] if lib_dir is not None and (lib_dir / IOMP_LIB).is_file() else LD_FLAGS
-
-
-def _paddle_lib_dir() -> Path | None:
-    spec = importlib.util.find_spec("paddle")
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).parent / "libs"
+    return [f"-l:{omp_runtime.IOMP_LIB}"] if omp_runtime.paddle_openmp_path() is not None else LD_FLAGS
 
 
 def _onednn_include_dir() -> tuple[Path | None, str]:
@@ -111,7 +101,7 @@ def _onednn_include_dir() -> tuple[Path | None, str]:
 @cache
 def _paddle_onednn_version() -> tuple[int, int] | None:
     """(major, minor) of the libdnnl.so.3 in Paddle's wheel, read from its dnnl_version()."""
-    lib_dir = _paddle_lib_dir()
+    lib_dir = omp_runtime.paddle_lib_dir()
     if lib_dir is None or not (lib_dir / "libdnnl.so.3").is_file():
         return None
 
@@ -280,6 +270,8 @@ def load() -> frozenset[str]:
         from paddle.utils.cpp_extension import load_op_meta_info_and_register_op
 
         names = frozenset(load_op_meta_info_and_register_op(str(so)))
+        # oneDNN's and the kernels' OpenMP: one runtime, or one thread in each.
+        omp_runtime.compute_on_one_runtime()
     except Exception as e:  # noqa: BLE001 - any load error means: fall back, loudly, once
         logger.warning("C++ kernels failed to load from %s, using plain Paddle ops: %s", so, e)
         return frozenset()

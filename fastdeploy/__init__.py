@@ -8,6 +8,7 @@ import importlib
 import os as _os
 
 from fastdeploy import envs as _envs
+from fastdeploy import omp_runtime as _omp_runtime
 
 # Whether the user chose the thread count; the API server then passes it to the engine
 # process unchanged instead of leaving one core to the HTTP process.
@@ -15,6 +16,9 @@ USER_SET_OMP_NUM_THREADS = _envs.omp_num_threads() is not None
 # Paddle forces OMP_NUM_THREADS=1 at import unless it is already set: set it before anything imports Paddle.
 if not USER_SET_OMP_NUM_THREADS:
     _os.environ["OMP_NUM_THREADS"] = str(_envs.default_omp_num_threads())
+# Paddle's OpenMP first in the global symbol scope, before anything imports torch (which brings its
+# own libgomp): oneDNN, Paddle and the kernels then share one pool of threads (fastdeploy/omp_runtime.py).
+_omp_runtime.make_paddle_openmp_global()
 
 from fastdeploy.version import __version__  # noqa: E402
 
