@@ -14,6 +14,7 @@ TPOT, output tokens/s, and the acceptance rate overall and per draft position.
     python benchmarks/benchmark_spec_decode.py --methods none,ngram,suffix --streams 1,16 --num-prompts 8
     python benchmarks/benchmark_spec_decode.py --draft-model /path/to/small-model   # adds draft_model
     python benchmarks/benchmark_spec_decode.py -q none --output benchmarks/results/spec_decode_bf16.json
+    python benchmarks/benchmark_spec_decode.py --methods none,ngram --repetition-penalty 1.05   # penalised requests
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def main() -> None:
     parser.add_argument("--disable-by-batch-size", type=int, default=None,
                         help="vLLM's disable_by_batch_size for the speculative runs")
     parser.add_argument("--seed", type=int, default=0)
+    # Penalised requests speculate too (each verified position sees the drafts before it as outputs).
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--presence-penalty", type=float, default=0.0)
     parser.add_argument("--quantization", "-q", default=None,
                         help="the engine's --quantization (default: the GGUF file's blocks; 'none' dequantizes)")
     parser.add_argument("--output", default="benchmarks/results/spec_decode.json")
@@ -141,7 +145,8 @@ def main() -> None:
             workloads = {"copy": copy_prompts(tok, args.num_prompts, args.copy_lines, args.seed),
                          "random": random_prompts(args.num_prompts, args.random_input_len, len(tok), args.seed)}
         for workload in args.workloads.split(","):
-            params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=workload == "random")
+            params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=workload == "random",
+                                    repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty)
             # Warm-up (kernels, first allocations), not measured.
             llm.generate([{"prompt_token_ids": workloads[workload][0]}], SamplingParams(max_tokens=4), use_tqdm=False)
             for streams in streams_list:

@@ -4,10 +4,9 @@ After each step's sampling the runner hands the requests that sampled to :meth:`
 their drafts go back to the scheduler with the step's output (vLLM's ``draft_token_ids``) and
 return, validated and within the token budget, as next step's ``scheduled_spec_decode_tokens``.
 
-A request drafts only when its next tokens' distributions do not depend on the tokens before
-them in ways the verification batch cannot see: repetition/presence/frequency penalties, bad
-words and ``min_tokens`` read the output so far, so such requests decode one token a step (their
-output is the same either way; they only miss the speed-up).
+Every request drafts, penalised ones too: repetition/presence/frequency penalties, bad words and
+``min_tokens`` read the output so far, and verification samples each position in the state it
+would have with the drafts before it accepted (``InputBatch.make_sampling_metadata``).
 """
 
 from __future__ import annotations
@@ -114,12 +113,7 @@ class Drafter:
             return {}
         # Positions num_tokens .. num_tokens + k - 1 must exist (the verification writes them).
         room = np.minimum(self.max_model_len - batch.num_tokens[rows], self.k)
-        eligible = ~batch.has_penalty[rows] & (room > 0)
-        if batch.min_tokens_stop_ids:
-            eligible &= batch.min_tokens[rows] <= batch.num_tokens[rows] - batch.num_prompt_tokens[rows]
-        if batch.bad_words:
-            eligible &= ~np.isin(rows, np.fromiter(batch.bad_words._rows, dtype=np.int64))
-        sel = np.flatnonzero(eligible)
+        sel = np.flatnonzero(room > 0)
         if not len(sel):
             return {}
         e_rows = rows[sel]

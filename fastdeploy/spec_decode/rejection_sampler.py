@@ -10,8 +10,10 @@ p(d), and a rejected position's t is p conditioned on t != d. So verification is
 1. the target's tokens t_0..t_k at the k + 1 positions [last token, d_1..d_k], sampled by the
    ordinary :class:`~fastdeploy.model_executor.layers.sampler.Sampler` on the processed
    distribution of each position (temperature, top-k/top-p/min-p, logit bias, allowed tokens,
-   the grammar's mask at that position); greedy rows take the argmax, which makes this "accept
-   while the draft equals the argmax, then the target's token";
+   the grammar's mask at that position, and the penalties, ``min_tokens`` and bad words in the
+   state position j would have with d_1..d_j accepted: the persistent batch's
+   ``make_sampling_metadata(rows, num_pos)`` builds those rows); greedy rows take the argmax,
+   which makes this "accept while the draft equals the argmax, then the target's token";
 2. the accepted length a = the first j with t_j != d_{j+1} (k when all match);
 3. the output t_0..t_a: the accepted drafts (equal to the t's) and the target's token after them
    (the resampled one on rejection, the bonus one otherwise).
@@ -26,8 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from fastdeploy.model_executor.layers.sampler import SamplingMetadata
 
 
 @dataclass
@@ -62,53 +62,3 @@ def verify(sampled: np.ndarray, draft_tokens: np.ndarray, num_drafts: np.ndarray
         np.minimum.at(first_mismatch, owner, mismatch_pos)
         num_accepted = np.minimum(first_mismatch, num_drafts)
     return VerifiedTokens(num_accepted, starts)
-
-
-def _repeat_table(pos: np.ndarray, counts: np.ndarray, new_start: np.ndarray, *values: np.ndarray
-                  ) -> tuple[np.ndarray, ...]:
-    """A flat ``(positions, values...)`` table with each entry repeated at every position of its row."""
-    reps = counts[pos]
-    first = np.cumsum(reps) - reps
-    intra = np.arange(int(reps.sum())) - np.repeat(first, reps)
-    new_pos = np.repeat(new_start[pos], reps) + intra
-    # Grouped by position again, entries in their order within a row (logprob_token_ids relies on it).
-    order = np.argsort(new_pos, kind="stable")
-    return (new_pos[order], *(np.repeat(v, reps, axis=0)[order] for v in values))
-
-
-def expand_sampling_metadata(md: SamplingMetadata, counts: np.ndarray) -> SamplingMetadata:
-    """``md`` (one row per request) with request i's row repeated ``counts[i]`` times, in place order.
-
-    Settings that depend on the tokens before a position (penalties, bad words, min_tokens) are
-    the row's own at every position: the proposers give such requests no drafts, so their
-    ``counts`` is 1. The grammar bitmask is not expanded: its rows are per position already.
-    """
-    if (counts == 1).all():
-        return md
-    new_start = np.cumsum(counts) - counts
-    rep = np.repeat(np.arange(len(counts)), counts)
-
-    def per_row(a: np.ndarray | None) -> np.ndarray | None:
-        return None if a is None else a[rep]
-
-    out = SamplingMetadata(temperature=md.temperature[rep], all_greedy=md.all_greedy, top_p=per_row(md.top_p),
-                           top_k=per_row(md.top_k), min_p=per_row(md.min_p),
-                           max_num_logprobs=md.max_num_logprobs,
-                           presence_penalties=per_row(md.presence_penalties),
-                           frequency_penalties=per_row(md.frequency_penalties),
-                           repetition_penalties=per_row(md.repetition_penalties))
-    # One generator per request, consulted once per position in position order.
-    out.generators = {int(new_start[pos]) + j: gen for pos, gen in md.generators.items()
-                      for j in range(int(counts[pos]))}
-    if md.logprob_token_ids is not None:
-        out.logprob_token_ids = _repeat_table(md.logprob_token_ids[0], counts, new_start, md.logprob_token_ids[1])
-    if md.penalty_token_rows is not None:
-        out.penalty_token_rows, out.penalty_token_ids, out.output_token_counts = _repeat_table(
-            md.penalty_token_rows, counts, new_start, md.penalty_token_ids, md.output_token_counts)
-    if md.logit_bias is not None:
-        out.logit_bias = _repeat_table(md.logit_bias[0], counts, new_start, *md.logit_bias[1:])
-    if md.allowed_token_ids is not None:
-        out.allowed_token_ids = _repeat_table(md.allowed_token_ids[0], counts, new_start, md.allowed_token_ids[1])
-    if md.blocked_token_ids is not None:
-        out.blocked_token_ids = _repeat_table(md.blocked_token_ids[0], counts, new_start, md.blocked_token_ids[1])
-    return out

@@ -14,6 +14,7 @@ import numpy as np
 
 from fastdeploy.model_executor.layers.sampler import SamplingMetadata, seen_token_counts
 from fastdeploy.sampling_params import SamplingParams
+from fastdeploy.spec_decode.spec_batch import output_rows
 
 _SAMPLING_EPS = 1e-5
 
@@ -54,8 +55,14 @@ class RowTokenTable:
         if self._rows.pop(row, None) is not None:
             self._flat = None
 
-    def lookup(self, pos_of_row: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
-        """Entries of the rows with ``pos_of_row[row] >= 0`` as ``(positions, ids, values)``; None if none."""
+    def lookup(self, pos_of_row: np.ndarray, num_pos: np.ndarray | None = None,
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+        """Entries of the rows with ``pos_of_row[row] >= 0`` as ``(positions, ids, values)``; None if none.
+
+        With ``num_pos`` (per batch row) a row's entries appear at each of its positions
+        ``pos_of_row[row] .. pos_of_row[row] + num_pos[row] - 1`` (speculative decoding's verified
+        positions), grouped by position, in table order within one.
+        """
         if not self._rows:
             return None
         if self._flat is None:
@@ -69,7 +76,23 @@ class RowTokenTable:
         keep = pos >= 0
         if not keep.any():
             return None
-        return pos[keep], ids[keep], None if values is None else values[keep]
+        if num_pos is None:
+            return pos[keep], ids[keep], None if values is None else values[keep]
+        keep = np.flatnonzero(keep)
+        pos, entry = spread_over_positions(pos[keep], num_pos[owners[keep]])
+        return pos, ids[keep[entry]], None if values is None else values[keep[entry]]
+
+
+def spread_over_positions(first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Entry i repeated at positions ``first[i] .. first[i] + counts[i] - 1``.
+
+    Returns ``(positions, entry index)`` sorted by position; entries keep their order within a
+    position (a row's ``logprob_token_ids`` are in the order asked).
+    """
+    pos = output_rows(first, counts)
+    entry = np.repeat(np.arange(len(first)), counts)
+    order = np.argsort(pos, kind="stable")
+    return pos[order], entry[order]
 
 
 class InputBatch:
@@ -228,65 +251,109 @@ class InputBatch:
                 self.num_seen[rows[new]] += 1
             self.seen_counts[rows, tokens] += 1 + new
 
-    def make_sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
-        """The settings of ``rows`` (batch rows, in sampling order) for one sampler call: O(batch) numpy."""
-        temperature = self.temperature[rows]
+    def make_sampling_metadata(self, rows: np.ndarray, num_pos: np.ndarray | None = None) -> SamplingMetadata:
+        """The settings of ``rows`` (batch rows, in sampling order) for one sampler call: O(batch) numpy.
+
+        ``num_pos`` (speculative decoding): request i samples ``num_pos[i]`` consecutive rows, one per
+        verified position ``[last token, d_1 .. d_k]`` (the drafts written after its known tokens).
+        Position j is sampled as the request would be with d_1..d_j accepted: they count as outputs
+        for the penalties, for ``min_tokens`` and for the bad words' prefixes, so each position's
+        distribution is the one plain decoding would sample from there.
+        """
+        if num_pos is not None and (num_pos == 1).all():
+            num_pos = None
+        pos_of_row = np.full(self.max_num_reqs, -1, dtype=np.int64)
+        if num_pos is None:
+            pos_rows, num_pos_of_row, drafts_before = rows, None, None
+            pos_of_row[rows] = np.arange(len(rows))
+        else:
+            first = np.cumsum(num_pos) - num_pos
+            pos_rows = np.repeat(rows, num_pos)
+            pos_of_row[rows] = first
+            num_pos_of_row = np.zeros(self.max_num_reqs, dtype=np.int64)
+            num_pos_of_row[rows] = num_pos
+            drafts_before = np.arange(len(pos_rows)) - np.repeat(first, num_pos)
+        temperature = self.temperature[pos_rows]
         greedy = temperature < _SAMPLING_EPS
         md = SamplingMetadata(temperature=temperature, all_greedy=bool(greedy.all()))
         if not md.all_greedy:
             if (self.top_p[rows] < 1.0).any():
-                md.top_p = self.top_p[rows]
+                md.top_p = self.top_p[pos_rows]
             if (self.top_k[rows] > 0).any():
-                md.top_k = self.top_k[rows]
+                md.top_k = self.top_k[pos_rows]
             if (self.min_p[rows] > 0).any():
-                md.min_p = self.min_p[rows]
-        pos_of_row = np.full(self.max_num_reqs, -1, dtype=np.int64)
-        pos_of_row[rows] = np.arange(len(rows))
+                md.min_p = self.min_p[pos_rows]
         if self.generators and not md.all_greedy:
+            # A request's generator serves each of its positions, in position order.
             md.generators = {
-                int(pos_of_row[row]): gen
+                int(pos_of_row[row]) + j: gen
                 for row, gen in self.generators.items()
                 if pos_of_row[row] >= 0 and not greedy[pos_of_row[row]]
+                for j in range(1 if num_pos_of_row is None else int(num_pos_of_row[row]))
             }
         max_lp = int(self.num_logprobs[rows].max())
         md.max_num_logprobs = max_lp if max_lp >= 0 else None
         if self.logprob_token_ids:
-            found = self.logprob_token_ids.lookup(pos_of_row)
+            found = self.logprob_token_ids.lookup(pos_of_row, num_pos_of_row)
             md.logprob_token_ids = None if found is None else found[:2]
-        pen = self.has_penalty[rows]
+        pen = self.has_penalty[pos_rows]
         if pen.any():
-            md.repetition_penalties = self.repetition_penalty[rows]
-            md.presence_penalties = self.presence_penalty[rows]
-            md.frequency_penalties = self.frequency_penalty[rows]
-            pen_rows = rows[pen]
+            md.repetition_penalties = self.repetition_penalty[pos_rows]
+            md.presence_penalties = self.presence_penalty[pos_rows]
+            md.frequency_penalties = self.frequency_penalty[pos_rows]
+            pen_pos = np.flatnonzero(pen)
+            pen_rows = pos_rows[pen_pos]
             num_seen = self.num_seen[pen_rows]
             width = int(num_seen.max())
             ids = self.seen_ids[pen_rows, :width][np.arange(width) < num_seen[:, None]]
             owners = np.repeat(pen_rows, num_seen)
-            md.penalty_token_rows = pos_of_row[owners]
+            md.penalty_token_rows = np.repeat(pen_pos, num_seen)
             md.penalty_token_ids = ids
             md.output_token_counts = self.seen_counts[owners, ids] - 1
+            if drafts_before is not None and drafts_before[pen_pos].any():
+                self._count_drafts(md, pen_pos, pen_rows, drafts_before[pen_pos])
         if self.logit_bias:
-            md.logit_bias = self.logit_bias.lookup(pos_of_row)
+            md.logit_bias = self.logit_bias.lookup(pos_of_row, num_pos_of_row)
         if self.allowed_token_ids:
-            found = self.allowed_token_ids.lookup(pos_of_row)
+            found = self.allowed_token_ids.lookup(pos_of_row, num_pos_of_row)
             md.allowed_token_ids = None if found is None else found[:2]
         blocked = []
         if self.min_tokens_stop_ids:
-            under = self.min_tokens[rows] > self.num_tokens[rows] - self.num_prompt_tokens[rows]
+            num_outputs = self.num_tokens[pos_rows] - self.num_prompt_tokens[pos_rows]
+            if drafts_before is not None:
+                num_outputs = num_outputs + drafts_before
+            under = self.min_tokens[pos_rows] > num_outputs
             if under.any():
                 pos_under = pos_of_row.copy()
-                pos_under[rows[~under]] = -1
-                found = self.min_tokens_stop_ids.lookup(pos_under)
+                pos_under[rows[~under[pos_of_row[rows]]]] = -1  # a row over min_tokens at its first position is over at all
+                found = self.min_tokens_stop_ids.lookup(pos_under, num_pos_of_row)
                 if found is not None:
-                    blocked.append(found[:2])
+                    keep = under[found[0]]
+                    blocked.append((found[0][keep], found[1][keep]))
         if self.bad_words:
-            found = self.bad_words.blocked(pos_of_row, self.token_ids, self.num_tokens, self.num_prompt_tokens)
+            found = self.bad_words.blocked(pos_of_row, self.token_ids, self.num_tokens, self.num_prompt_tokens,
+                                           num_pos_of_row)
             if found is not None:
                 blocked.append(found)
         if blocked:
             md.blocked_token_ids = (np.concatenate([b[0] for b in blocked]), np.concatenate([b[1] for b in blocked]))
         return md
+
+    def _count_drafts(self, md: SamplingMetadata, pen_pos: np.ndarray, pen_rows: np.ndarray,
+                      drafts_before: np.ndarray) -> None:
+        """Merge the drafts before each penalised position into its (position, token, output count) table.
+
+        The drafts sit at ``token_ids[row, num_tokens:]``; once accepted they are outputs, so position
+        j counts d_1..d_j. Entries stay unique per (position, token), as the penalties' scatter needs.
+        """
+        d_pos = np.repeat(pen_pos, drafts_before)
+        d_ids = self.token_ids[np.repeat(pen_rows, drafts_before), output_rows(self.num_tokens[pen_rows], drafts_before)]
+        v = self.vocab_size
+        keys, inverse = np.unique(np.concatenate([md.penalty_token_rows * v + md.penalty_token_ids, d_pos * v + d_ids]),
+                                  return_inverse=True)
+        counts = np.bincount(inverse, weights=np.concatenate([md.output_token_counts, np.ones(len(d_ids))]))
+        md.penalty_token_rows, md.penalty_token_ids = np.divmod(keys, v)
+        md.output_token_counts = counts.astype(np.int32)
 
 
 class BadWordsTable:
@@ -322,22 +389,34 @@ class BadWordsTable:
         return owners, prefix, prefix_len, last
 
     def blocked(
-        self, pos_of_row: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray, num_prompt_tokens: np.ndarray
+        self, pos_of_row: np.ndarray, token_ids: np.ndarray, num_tokens: np.ndarray, num_prompt_tokens: np.ndarray,
+        num_pos: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(positions, token ids)`` to block: each word's last token where the output ends with its prefix."""
+        """``(positions, token ids)`` to block: each word's last token where the output ends with its prefix.
+
+        With ``num_pos`` (per batch row) the row's j-th position reads its output as extended by the
+        j tokens after ``num_tokens`` (the drafts before that position).
+        """
         if self._flat is None:
             self._flat = self._build()
         owners, prefix, prefix_len, last = self._flat
         pos = pos_of_row[owners]
-        sel = pos >= 0
-        owners, prefix, prefix_len, last, pos = owners[sel], prefix[sel], prefix_len[sel], last[sel], pos[sel]
+        sel = np.flatnonzero(pos >= 0)
+        ends = num_tokens[owners[sel]]
+        if num_pos is not None:
+            pos, entry = spread_over_positions(pos[sel], num_pos[owners[sel]])
+            ends = ends[entry] + pos - pos_of_row[owners[sel[entry]]]
+            sel = sel[entry]
+        else:
+            pos = pos[sel]
+        owners, prefix, prefix_len, last = owners[sel], prefix[sel], prefix_len[sel], last[sel]
         width = prefix.shape[1]
-        # The last `width` tokens of each owner; only a word's own prefix length of them counts.
-        cols = num_tokens[owners, None] - width + np.arange(width)
+        # The last `width` tokens before each position; only a word's own prefix length of them counts.
+        cols = ends[:, None] - width + np.arange(width)
         tail = token_ids[owners[:, None], np.clip(cols, 0, token_ids.shape[1] - 1)]
         counted = np.arange(width) >= width - prefix_len[:, None]
         match = ((tail == prefix) | ~counted).all(axis=-1)
-        match &= prefix_len <= num_tokens[owners] - num_prompt_tokens[owners]
+        match &= prefix_len <= ends - num_prompt_tokens[owners]
         if not match.any():
             return None
         return pos[match], last[match]

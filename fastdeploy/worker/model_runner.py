@@ -20,7 +20,6 @@ from fastdeploy.model_executor.layers.attention.metadata import build_attention_
 from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, logprobs_of_rows
 from fastdeploy.model_executor.model_loader import get_model
 from fastdeploy.spec_decode.drafter import Drafter
-from fastdeploy.spec_decode.rejection_sampler import expand_sampling_metadata
 from fastdeploy.spec_decode.spec_batch import accept_verified, output_rows, spec_grammar_rows, write_draft_tokens
 from fastdeploy.worker.input_batch import CachedRequestState, InputBatch
 from fastdeploy.worker.model_runner_output import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -223,12 +222,11 @@ class ModelRunner:
         if len(last_rows) != len(hidden) or last_rows[-1] != len(last_rows) - 1:
             hidden = paddle.gather(hidden, paddle.to_tensor(last_rows))
         logits = self.model.compute_logits(hidden).numpy()
-        md = batch.make_sampling_metadata(s_rows)
+        # One row of settings per verified position, in the state that position sees (drafts before it as outputs).
+        md = batch.make_sampling_metadata(s_rows, num_pos)
         # Structured outputs: the scheduler's grammar bitmask, reordered to this step's sampled rows.
-        md.grammar_bitmask, md.grammar_rows = so.grammar_rows(s_req_ids)
-        if num_pos is not None:
-            md = expand_sampling_metadata(md, num_pos)
-            md.grammar_bitmask, md.grammar_rows = spec_grammar_rows(so, s_req_ids, num_pos)
+        md.grammar_bitmask, md.grammar_rows = (so.grammar_rows(s_req_ids) if num_pos is None
+                                               else spec_grammar_rows(so, s_req_ids, num_pos))
         # The logits array is this step's own: the sampler may overwrite it instead of copying.
         result = self.sampler(logits, md, inplace=True)
         sampled = result.sampled_token_ids

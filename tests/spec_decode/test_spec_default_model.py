@@ -49,3 +49,20 @@ def test_structured_outputs_validate_with_speculation(spec_llm, smol_llm):
         assert a.outputs[0].finish_reason == "stop"
         value = json.loads(a.outputs[0].text)
         assert set(value) == {"name", "items"} and len(value["items"]) <= 4
+
+
+@pytest.mark.parametrize("setting", [{"repetition_penalty": 1.1}, {"presence_penalty": 0.5},
+                                     {"frequency_penalty": 0.3}, {"min_tokens": 40},
+                                     {"bad_words": ["mul", "x - y"]}], ids=lambda s: next(iter(s)))
+def test_output_dependent_settings_copy_with_drafts_accepted(spec_llm, smol_llm, setting):
+    """Penalties, min_tokens and bad words: greedy output as without speculation, drafts still accepted."""
+    prompts = [_chat(spec_llm, "Repeat this code exactly:\n" + CODE), _chat(spec_llm, "What is 2 + 2?")]
+    params = SamplingParams(temperature=0, max_tokens=48, **setting)
+    plain = [o.outputs[0].token_ids for o in smol_llm.generate(prompts, params)]
+    unset = [o.outputs[0].token_ids for o in smol_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48))]
+    assert plain != unset  # the setting bites
+    stats = spec_llm.llm_engine.spec_decode_totals.stats
+    before = stats.num_draft_tokens, stats.num_accepted_tokens
+    assert [o.outputs[0].token_ids for o in spec_llm.generate(prompts, params)] == plain
+    drafted, accepted = stats.num_draft_tokens - before[0], stats.num_accepted_tokens - before[1]
+    assert drafted > 0 and accepted / drafted > 0.15, (drafted, accepted)

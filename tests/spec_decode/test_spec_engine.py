@@ -42,7 +42,8 @@ def _prompts():
     ]
 
 
-GREEDY = SamplingParams(temperature=0, max_tokens=36, ignore_eos=True)
+GREEDY_KW = dict(temperature=0, max_tokens=36, ignore_eos=True)
+GREEDY = SamplingParams(**GREEDY_KW)
 
 
 def _run(llm, prompts, params=GREEDY):
@@ -87,6 +88,51 @@ def test_greedy_identical_to_plain_decoding(checkpoints, reference, method, draf
         assert totals.stats.num_accepted_tokens > 0
 
 
+@pytest.fixture(scope="module")
+def spec_llms(checkpoints):
+    """ngram (prompt lookup) and the target as its own draft model, built once for the module."""
+    return {"ngram": _spec_llm(checkpoints, "ngram", prompt_lookup_min=1, prompt_lookup_max=3),
+            "draft_model": _spec_llm(checkpoints, "draft_model", checkpoints[0])}
+
+
+def _output_dependent_params(setting: str, reference_outputs: list[list[int]]) -> SamplingParams:
+    """Greedy settings that read the output so far, chosen to change the reference outputs."""
+    if setting == "min_tokens":
+        # Tokens the reference outputs produce early are stop tokens, masked for the first 12 outputs.
+        return SamplingParams(temperature=0, max_tokens=36, ignore_eos=True, min_tokens=12,
+                              stop_token_ids=[reference_outputs[0][2], reference_outputs[3][1]])
+    if setting == "bad_words":
+        params = SamplingParams(**GREEDY_KW)
+        # The engine's tokenised form (skip_tokenizer_init leaves no tokenizer for bad_words strings):
+        # two-token words from the reference outputs, so their prefixes match inside verified runs.
+        params._bad_words_token_ids = [reference_outputs[0][3:5], reference_outputs[3][4:6], [reference_outputs[5][7]]]
+        return params
+    return SamplingParams(**{**GREEDY_KW, setting: {"repetition_penalty": 1.3, "presence_penalty": 0.6,
+                                                    "frequency_penalty": 0.4}[setting]})
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+@pytest.mark.parametrize("setting", ["repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens",
+                                     "bad_words"])
+def test_output_dependent_settings_speculate_with_identical_output(reference, spec_llms, setting, method):
+    """Penalties, min_tokens and bad words read the output so far: each verified position is sampled as
+    if the drafts before it were accepted, so the output is plain decoding's and drafts are still kept.
+
+    The target drafting for itself keeps most drafts, so many positions sample after accepted drafts:
+    counting those drafts wrongly (or not at all) changes its output for every one of the settings.
+    """
+    params = _output_dependent_params(setting, reference[1])
+    prompts = _prompts()
+    expected = _run(reference[0], prompts, params)
+    assert expected != reference[1]  # the setting bites
+    llm = spec_llms[method]
+    stats = llm.llm_engine.spec_decode_totals.stats
+    before = stats.num_draft_tokens, stats.num_accepted_tokens
+    assert _run(llm, prompts, params) == expected
+    drafted, accepted = stats.num_draft_tokens - before[0], stats.num_accepted_tokens - before[1]
+    assert drafted > 0 and accepted > (0 if method == "ngram" else drafted // 2), (drafted, accepted)
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_preemption_keeps_outputs_identical(checkpoints, method):
     prompts = _prompts() * 2
@@ -115,10 +161,11 @@ def test_logprobs_of_accepted_tokens(checkpoints, reference):
                 assert abs(pa[tok].logprob - pb[tok].logprob) < 1e-4 and pa[tok].rank == pb[tok].rank
 
 
-def test_sampled_distribution_matches_plain_decoding(checkpoints, reference):
+@pytest.mark.parametrize("penalties", [{}, {"presence_penalty": 1.5}], ids=["plain", "presence_penalty"])
+def test_sampled_distribution_matches_plain_decoding(checkpoints, reference, penalties):
     """Tokens 2..4 of many sampled answers (verified from drafts) are distributed as without speculation."""
     prompt = [{"prompt_token_ids": [3, 14, 15, 9, 2]}]
-    params = SamplingParams(temperature=1.0, top_k=20, max_tokens=4, ignore_eos=True, n=1500)
+    params = SamplingParams(temperature=1.0, top_k=20, max_tokens=4, ignore_eos=True, n=1500, **penalties)
     plain = np.array([o.token_ids for o in reference[0].generate(prompt, params)[0].outputs])
     llm = _spec_llm(checkpoints, "draft_model", checkpoints[0])
     spec = np.array([o.token_ids for o in llm.generate(prompt, params)[0].outputs])
@@ -135,14 +182,20 @@ def test_sampled_distribution_matches_plain_decoding(checkpoints, reference):
         assert stat < chi_square_critical(df), (pos, stat, df)
 
 
-def test_seeded_sampling_is_reproducible(checkpoints):
-    llm = _spec_llm(checkpoints, "draft_model", checkpoints[1])
-    params = SamplingParams(temperature=0.9, max_tokens=24, ignore_eos=True, n=2, seed=1234)
+@pytest.mark.parametrize("draft, penalties", [
+    (1, {}),
+    # Penalised: the target as its own draft, so many verified runs sample past accepted drafts.
+    (0, {"repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": 0.2}),
+])
+def test_seeded_sampling_is_reproducible(checkpoints, draft, penalties):
+    llm = _spec_llm(checkpoints, "draft_model", checkpoints[draft])
+    params = SamplingParams(temperature=0.9, max_tokens=24, ignore_eos=True, n=2, seed=1234, **penalties)
     prompts = [{"prompt_token_ids": p} for p in _prompts()[:3]]
     first = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)]
     second = [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params)]
     assert first == second
     assert first[0][0] != first[0][1]  # n=2 children sample independently
+    assert llm.llm_engine.spec_decode_totals.stats.num_accepted_tokens > 0
 
 
 def test_disable_by_batch_size(checkpoints, reference):

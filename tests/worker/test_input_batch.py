@@ -48,7 +48,7 @@ def reference(x, reqs):
         if sp.min_tokens and len(output) < sp.min_tokens:
             x[r, sorted(set(sp.all_stop_token_ids) | {EOS})] = -np.inf
         if sp.repetition_penalty != 1.0 or sp.presence_penalty != 0 or sp.frequency_penalty != 0:
-            counts = np.bincount(np.asarray(output, dtype=np.int64), minlength=VOCAB)
+            counts = np.bincount(np.asarray(output, dtype=np.int64), minlength=x.shape[1])
             seen = counts > 0
             seen[prompt] = True
             rep = np.float32(sp.repetition_penalty)
@@ -132,3 +132,55 @@ def test_logprob_token_ids_come_from_the_rows_in_the_order_asked():
     assert batch.make_sampling_metadata(np.array([a])).logprob_token_ids is None
     batch.remove_request("b")
     assert batch.make_sampling_metadata(np.array([a])).logprob_token_ids is None and not batch.logprob_token_ids
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_verified_positions_see_the_drafts_before_them(seed):
+    """Speculative decoding: position j of a request with drafts d_1..d_k shapes the logits as the
+    reference does for the output extended by d_1..d_j (penalties, min_tokens, bad words)."""
+    rng = np.random.default_rng(100 + seed)
+    batch = InputBatch(max_num_reqs=16, max_model_len=128, max_num_blocks_per_req=8, vocab_size=VOCAB)
+    reqs, drafts = {}, {}
+    for i in range(10):
+        sp, words, prompt = random_request(rng)
+        # Outputs and drafts of small ids (bad-word prefixes match), EOS among them (min_tokens masks it).
+        output = rng.integers(0, 20, int(rng.integers(0, 10))).tolist()
+        batch.add_request(f"r{i}", prompt + output, len(prompt), len(prompt), [], sp, eos_token_id=EOS,
+                          bad_words_token_ids=words)
+        reqs[f"r{i}"] = (sp, words, prompt, output)
+        drafts[f"r{i}"] = rng.integers(0, 20, int(rng.integers(0, 5))).tolist()
+    ids = [list(reqs)[i] for i in rng.permutation(len(reqs))]
+    rows = np.array([batch.req_id_to_index[r] for r in ids])
+    for r, row in zip(ids, rows.tolist(), strict=True):
+        n = batch.num_tokens[row]
+        batch.token_ids[row, n : n + len(drafts[r])] = drafts[r]
+    num_pos = np.array([len(drafts[r]) + 1 for r in ids])
+    x = (rng.standard_normal((int(num_pos.sum()), VOCAB)) * 2).astype(np.float32)
+    md = batch.make_sampling_metadata(rows, num_pos)
+    got = Sampler.apply_logits_processors(x.copy(), md)
+    positions = [(sp, words, prompt, output + drafts[r][:j])
+                 for r in ids for sp, words, prompt, output in [reqs[r]] for j in range(len(drafts[r]) + 1)]
+    np.testing.assert_array_equal(got, reference(x, positions))
+    # The drafts stay where they are: the batch's own state is unchanged by building the rows.
+    assert batch.num_tokens[rows].tolist() == [len(reqs[r][2]) + len(reqs[r][3]) for r in ids]
+
+
+def test_request_settings_repeat_over_their_verified_positions():
+    """Logit bias, allowed tokens, requested logprob ids and a seeded generator serve each position."""
+    batch = InputBatch(max_num_reqs=4, max_model_len=32, max_num_blocks_per_req=2, vocab_size=VOCAB)
+    gen = np.random.default_rng(7)
+    batch.add_request("a", [1], 1, 1, [], SamplingParams(temperature=0.0, logit_bias={5: 100.0},
+                                                          logprob_token_ids=[11, 2]))
+    batch.add_request("b", [1], 1, 1, [], SamplingParams(temperature=0.0, allowed_token_ids=[3, 7, 9]))
+    batch.add_request("c", [1], 1, 1, [], SamplingParams(temperature=1.0), generator=gen)
+    a, b, c = (batch.req_id_to_index[r] for r in "abc")
+    md = batch.make_sampling_metadata(np.array([b, a, c]), np.array([3, 2, 3]))
+    x = np.random.default_rng(0).standard_normal((8, VOCAB)).astype(np.float32)
+    out = Sampler()(x.copy(), md)
+    allowed = x[:3][:, [3, 7, 9]].argmax(axis=-1)
+    assert out.sampled_token_ids[:3].tolist() == np.array([3, 7, 9])[allowed].tolist()
+    assert out.sampled_token_ids[3:5].tolist() == [5, 5]          # request a: the bias wins
+    # Requested logprob ids at request a's positions only, in the order asked.
+    assert md.logprob_token_ids[0].tolist() == [3, 3, 4, 4] and md.logprob_token_ids[1].tolist() == [11, 2] * 2
+    # Request c's generator draws once per position, in position order.
+    assert list(md.generators) == [5, 6, 7] and all(g is gen for g in md.generators.values())
