@@ -243,6 +243,11 @@ class Processor:
         if self.tokenizer is not None:
             update_from_tokenizer(params, self.tokenizer, self.model_config.vocab_size)
         else:
+            if params.bad_words:
+                # Words are matched as token sequences; without a tokenizer they cannot be, and
+                # dropping them would accept the setting and ignore it.
+                raise ParamValidationError("bad_words needs a tokenizer, so it can't be used with 'skip_tokenizer_init'",
+                                           parameter="bad_words")
             verify_token_ids(params, self.model_config.vocab_size)
         return params
 

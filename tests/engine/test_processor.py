@@ -105,3 +105,13 @@ def test_a_text_too_long_for_the_context_is_refused_before_tokenizing(processor,
     processor.process_prompt("x" * bound)
     processor.process_prompt("x" * (bound + 1), truncate_prompt_tokens=8)
     assert len(encoded) == 2
+
+
+def test_bad_words_without_a_tokenizer_are_refused_not_dropped():
+    config = EngineArgs(max_model_len=64, skip_tokenizer_init=True).create_engine_config().model_config
+    processor = Processor(config, None)
+    with pytest.raises(ParamValidationError, match="bad_words needs a tokenizer") as info:
+        processor.process_request("r", {"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=2, bad_words=["x"]))
+    assert info.value.parameter == "bad_words"
+    # Without bad words the same request is accepted.
+    assert processor.process_request("r", {"prompt_token_ids": [5, 6]}, SamplingParams(max_tokens=2)).engine_requests
