@@ -37,7 +37,7 @@ class _Config(QuantizationConfig):
 
 
 def test_the_registry_names_what_it_knows(monkeypatch):
-    assert quantization.get_quantization_methods() == ["awq", "gguf", "gptq", "w8a8", "wint4", "wint8"]
+    assert quantization.get_quantization_methods() == ["awq", "fp8", "gguf", "gptq", "w8a8", "wint4", "wint8"]
     with pytest.raises(ValueError, match="Invalid quantization method: 'bitsandbytes'. Available: .*'awq'"):
         quantization.get_quantization_config("bitsandbytes")
     monkeypatch.setattr(quantization, "_QUANTIZATION_CONFIGS", {})
