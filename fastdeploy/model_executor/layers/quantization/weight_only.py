@@ -4,12 +4,12 @@
 input rows per output column, each group with its scale and zero point (min/max). The weights
 stay integers in memory; the kernel path is the platform's choice (``FD_CPU_INT_KERNEL``):
 
-- ``onednn`` (CPUs with AVX512-BF16 or AMX): oneDNN's weight-decompression matmul
+- ``onednn`` (CPUs with AVX512-BF16 or AMX, on request: faster prefill, much slower decode): oneDNN's weight-decompression matmul
   (csrc/cpu/linear.cc), bf16 activations times s8 weights widened to bf16 inside its brgemm
   kernel. A 4-bit weight is held there as the s8 ``q - zero`` (one byte, like wint8): oneDNN
   3.6 (Paddle's libdnnl) runs s4/u4 weights, and grouped zero points, only in its reference
   code on CPUs without AMX (hundreds of times slower).
-- ``avx512`` / ``avx2`` / ``scalar``: csrc/cpu/int_gemm.cc widens the weights to fp32 in
+- ``avx512`` / ``avx2`` / ``scalar`` (the default): csrc/cpu/int_gemm.cc widens the weights to fp32 in
   registers (fp32 activations and FMAs); wint4 keeps two weights a byte there.
 
 The decoder's projections are quantized; the LM head and the embedding stay as the checkpoint
