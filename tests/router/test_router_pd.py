@@ -102,6 +102,8 @@ def test_concurrent_sends_both_halves_at_once(make_router, fakes, stream):
     resp = router.client.post("/v1/completions", json={"prompt": "x", "max_tokens": 8, "stream": stream})
     assert resp.status_code == 200
     assert "decoded by D from 127.0.0.1:" in resp.text  # the router names P by its address
+    # Both halves leave at once: the decode's answer can come back before the prefill's request is read.
+    router.wait_for(lambda: len(prefill.bodies) == 1 and len(decode.bodies) == 1)
     [p_body], [d_body] = prefill.bodies, decode.bodies
     p_kv, d_kv = p_body["kv_transfer_params"], d_body["kv_transfer_params"]
     # The prefill pushes to the decode instance's connector; the decode instance expects it from P.
