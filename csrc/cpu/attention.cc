@@ -108,20 +108,23 @@ inline V16 v16_fill_from(V16 a, int64_t n, float x) {
   const __m256 fill = _mm256_set1_ps(x);
   return {_mm256_blendv_ps(fill, a.lo, keep_lo), _mm256_blendv_ps(fill, a.hi, keep_hi)};
 }
-inline float v16_reduce_max(V16 a) {
-  __m256 m = _mm256_max_ps(a.lo, a.hi);
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+// One lane order for both reductions: halves, then 128-bit halves, then pairs, then the last two.
+template <__m256 (*Op8)(__m256, __m256), __m128 (*Op4)(__m128, __m128), __m128 (*Op1)(__m128, __m128)>
+inline float v16_reduce(V16 a) {
+  const __m256 m = Op8(a.lo, a.hi);
+  __m128 h = Op4(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = Op4(h, _mm_movehl_ps(h, h));
+  h = Op1(h, _mm_shuffle_ps(h, h, 1));
   return _mm_cvtss_f32(h);
 }
-inline float v16_reduce_add(V16 a) {
-  __m256 m = _mm256_add_ps(a.lo, a.hi);
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-  return _mm_cvtss_f32(h);
-}
+inline __m256 max8(__m256 a, __m256 b) { return _mm256_max_ps(a, b); }
+inline __m128 max4(__m128 a, __m128 b) { return _mm_max_ps(a, b); }
+inline __m128 max1(__m128 a, __m128 b) { return _mm_max_ss(a, b); }
+inline __m256 add8(__m256 a, __m256 b) { return _mm256_add_ps(a, b); }
+inline __m128 add4(__m128 a, __m128 b) { return _mm_add_ps(a, b); }
+inline __m128 add1(__m128 a, __m128 b) { return _mm_add_ss(a, b); }
+inline float v16_reduce_max(V16 a) { return v16_reduce<max8, max4, max1>(a); }
+inline float v16_reduce_add(V16 a) { return v16_reduce<add8, add4, add1>(a); }
 // 16 ymm registers: one row's 8 accumulators at a time.
 constexpr int kPvRows = 1;
 
