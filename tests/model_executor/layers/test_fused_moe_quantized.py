@@ -175,7 +175,7 @@ def test_gguf_experts_match_the_block_kernel_and_their_dequantized_weights(types
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.03
 
 
-@pytest.mark.parametrize("name", ["w8a8", "fp8"])
+@pytest.mark.parametrize("name", ["w8a8", "fp8", "awq", "gptq"])
 def test_formats_without_an_moe_method_are_refused_by_name(name):
     from fastdeploy.model_executor.layers.quantization import get_quantization_config
 

@@ -67,3 +67,25 @@ def test_formats_without_an_moe_method_are_refused_at_start_up(quantization, tmp
     with pytest.raises(ValueError, match=rf"quantization='{quantization}' has no method for the MoE experts "
                                          r"'model.layers.0.mlp.experts' \(FusedMoE\).*gguf, wint4, wint8"):
         _get_model(folder, quantization)
+
+
+@pytest.mark.skipif(get_op_backend().int_gemm == "paddle", reason="the integer kernels are not built")
+def test_engine_batched_and_alone_give_the_dequantized_tokens(tmp_path):
+    """Through the engine (chunked prefills beside decodes, block size 4), -q wint4: batched == alone == transformers
+    on the dequantized checkpoint."""
+    from fastdeploy import LLM, SamplingParams
+
+    folder = build_tiny_checkpoint(ARCH, tmp_path / "hf")
+    hf = load_hf_model(_dequantized_checkpoint(folder, tmp_path / "dequantized", "wint4"))
+    prompts = [[5, 17, 99, 3, 250, 7], [11] * 9, PROMPT]
+    llm = LLM(folder, skip_tokenizer_init=True, quantization="wint4", dtype="float32", block_size=4,
+              max_num_batched_tokens=16, kv_cache_memory_bytes=4 << 20)
+    greedy = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, detokenize=False)
+
+    def generate(batch):
+        return [list(o.outputs[0].token_ids) for o in llm.generate([{"prompt_token_ids": p} for p in batch], greedy,
+                                                                   use_tqdm=False)]
+
+    want = [hf_greedy(hf, p, 16) for p in prompts]
+    assert generate(prompts) == want
+    assert [generate([p])[0] for p in prompts] == want
