@@ -19,6 +19,7 @@ checkpoint has them (as FastDeploy and vLLM's weight-only formats do).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -150,10 +151,15 @@ class IntLinearMethod(LinearMethodBase):
         return paddle.to_tensor(unpack_int4(qweight.numpy(), scales.numpy(), mins.numpy(), k, n, group))
 
 
+@functools.cache
+def _log_once(message: str) -> None:
+    logger.info(message)
+
+
 def int_gemm_isa(path: str, where: str) -> int:
     """int_gemm.cc's isa for the platform's integer path; ``onednn`` (linear layers only) gives its AVX-512 path."""
     if path == ONEDNN_PATH:
-        logger.info("%s: int_gemm avx512 (oneDNN's weight decompression serves linear layers only)", where)
+        _log_once(f"{where}: int_gemm avx512 (oneDNN's weight decompression serves linear layers only)")
         path = "avx512"
     return KERNEL_PATHS[path]
 
