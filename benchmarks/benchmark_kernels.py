@@ -25,8 +25,9 @@ Beside them, per GGUF format, the matmuls of one decode step (M = 1, LM head inc
 ``--prefill-len``-token prefill (LM head excluded) at the default model's shapes, block kernel
 against the bf16 linear kernel, and the peak RSS of each configuration's engine in a fresh process.
 MoE rows (``--moe-only`` for just those): ``--moe-layers`` MoE layers at ERNIE-4.5-21B-A3B's and
-Qwen3-30B-A3B's shapes on dummy bf16 weights against dense SwiGLU layers with the same active
-parameters, batch 1 and 16.
+Qwen3-30B-A3B's shapes on dummy weights against dense SwiGLU layers with the same active
+parameters, batch 1 and 16, per expert format (``--moe-formats``: bf16, wint4, Q4_K; the dense
+layer in the same format).
 
     python benchmarks/benchmark_kernels.py --threads 1 2
 
@@ -233,19 +234,87 @@ MOE_SHAPES = {
 }
 
 
-def measure_moe(num_layers: int, reps: int) -> dict:
-    """Child process: MoE layers at real shapes on dummy bf16 weights vs a dense SwiGLU of the same active size.
+# Expert weight formats of the MoE rows: the packed linear kernel's bf16, int_gemm.cc's wint4 (groups of
+# 128) and gguf_gemm.cc's Q4_K; the dense layer of each row is in the same format.
+MOE_FORMATS = ("bf16", "wint4", "q4_k")
 
-    An MoE layer is the fp32 router matmul, softmax top-k, ``fd_fused_moe`` (and the shared experts'
-    SwiGLU); the dense layer has ``top_k * I (+ shared)`` intermediate columns, the parameters one token
-    uses in the MoE layer. Routing is random (uniform over experts: at batch 16 most experts are hit,
-    the worst case for the weight reads). The two take turns rep by rep over ``num_layers`` layers.
+
+def measure_moe(num_layers: int, reps: int, formats: tuple[str, ...] = MOE_FORMATS) -> dict:
+    """Child process: MoE layers at real shapes on dummy weights vs a dense SwiGLU of the same active size.
+
+    An MoE layer is the fp32 router matmul, softmax top-k, the fused MoE op of the format (``fd_fused_moe``,
+    ``fd_int_fused_moe``, ``fd_gguf_fused_moe``) and the shared experts' SwiGLU; the dense layer has
+    ``top_k * I (+ shared)`` intermediate columns, the parameters one token uses in the MoE layer, in the
+    same format. Routing is random (uniform over experts: at batch 16 most experts are hit, the worst
+    case for the weight reads). The two take turns rep by rep over ``num_layers`` layers; one format's
+    layers are built, timed and freed before the next one's.
     """
-    rows = {model: _moe_row(*shape, num_layers, reps) for model, shape in MOE_SHAPES.items()}
-    return {"rows": rows, "note": "median ms of the layers' forward (bf16 weights), MoE and dense taking turns"}
+    rows = {model: _moe_row(*shape, num_layers, reps, formats) for model, shape in MOE_SHAPES.items()}
+    return {"rows": rows, "note": "median ms of the layers' forward per expert format, MoE and dense taking turns"}
 
 
-def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_layers: int, reps: int) -> dict:
+class _MoeFormat:
+    """One expert weight format for the MoE rows: dummy ``[K, N]`` matrices (``x @ W``), the dense linear and
+    the fused MoE op on them. Quantized weights are random codes with small scales: timings do not depend
+    on the values."""
+
+    def __init__(self, fmt: str, rng) -> None:
+        from fastdeploy.model_executor.custom_op import get_op_backend
+        from fastdeploy.model_executor.layers.quantization import gguf
+        from fastdeploy.model_executor.layers.quantization.weight_only import int_gemm_isa
+
+        self.fmt, self.rng = fmt, rng
+        if fmt == "wint4":
+            self.isa = int_gemm_isa(get_op_backend().int_gemm, "benchmark")
+        elif fmt == "q4_k":
+            self.isa = gguf.KERNEL_PATHS[get_op_backend().gguf]
+        elif fmt != "bf16":
+            raise ValueError(f"--moe-formats: unknown format {fmt!r}; known: {', '.join(MOE_FORMATS)}.")
+
+    def matrix(self, k: int, n: int):
+        import numpy as np
+        import paddle
+
+        from fastdeploy import _custom_ops as ops
+        from fastdeploy.model_executor.layers.quantization.gguf import pack_blocks, random_blocks
+
+        if self.fmt == "bf16":
+            return ops.linear_pack(paddle.to_tensor((self.rng.standard_normal((k, n)) * 0.02).astype(np.float32)),
+                                   "bfloat16")
+        if self.fmt == "q4_k":
+            return pack_blocks(random_blocks(12, n, k, self.rng), 12, n, k)
+        panels, groups = -(-n // 16), -(-k // 128)
+        scales = (self.rng.uniform(0.5, 1.5, panels * groups * 16) * 2e-3).astype(np.float32)
+        return (paddle.to_tensor(self.rng.integers(0, 256, panels * (k // 2) * 16, dtype=np.uint8)),
+                paddle.to_tensor(scales), paddle.to_tensor(-8 * scales))
+
+    def linear(self, x, w, n: int):
+        from fastdeploy import _custom_ops as ops
+
+        if self.fmt == "bf16":
+            return ops.linear(x, w, None, n, "bfloat16")
+        if self.fmt == "q4_k":
+            return ops.gguf_linear(x, w, None, [12, n], self.isa)
+        return ops.int_linear(x, *w, None, n, 4, 128, self.isa)
+
+    def experts(self, k: int, n: int, count: int):
+        import paddle
+
+        mats = [self.matrix(k, n) for _ in range(count)]  # expert by expert: no fp32 copy of a whole layer
+        return tuple(paddle.stack(parts) for parts in zip(*mats, strict=True)) if self.fmt == "wint4" else paddle.stack(mats)
+
+    def moe(self, x, ids, weights, w13, w2, h: int, inter: int):
+        from fastdeploy import _custom_ops as ops
+
+        if self.fmt == "bf16":
+            return ops.fused_moe(x, ids, weights, w13, w2, inter, "bfloat16")
+        if self.fmt == "q4_k":
+            return ops.gguf_fused_moe(x, ids, weights, w13, w2, [12, 2 * inter], [12, h], self.isa)
+        return ops.int_fused_moe(x, ids, weights, w13[0], w13[1], w13[2], w2[0], w2[1], w2[2], inter, 4, 128, self.isa)
+
+
+def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_layers: int, reps: int,
+             formats: tuple[str, ...]) -> dict:
     import numpy as np
     import paddle
 
@@ -253,55 +322,57 @@ def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_laye
     from fastdeploy.model_executor.layers.fused_moe import select_experts
 
     rng = np.random.default_rng(0)
-
-    def packed(k: int, n: int, dtype: str = "bfloat16") -> paddle.Tensor:
-        return ops.linear_pack(paddle.to_tensor((rng.standard_normal((k, n)) * 0.02).astype(np.float32)), dtype)
-
-    def swiglu(x: paddle.Tensor, gate_up: paddle.Tensor, down: paddle.Tensor, n: int) -> paddle.Tensor:
-        return ops.linear(ops.silu_and_mul(ops.linear(x, gate_up, None, 2 * n, "bfloat16")), down, None, h, "bfloat16")
-
-    layers = []
-    for _ in range(num_layers):  # expert by expert: no fp32 copy of a whole layer
-        w13 = paddle.stack([packed(h, 2 * inter) for _ in range(experts)])
-        w2 = paddle.stack([packed(inter, h) for _ in range(experts)])
-        shared_w = (packed(h, 2 * shared), packed(shared, h)) if shared else None
-        layers.append((packed(h, experts, "float32"), w13, w2, shared_w))
     dense_inter = top_k * inter + shared
-    dense = [(packed(h, 2 * dense_inter), packed(dense_inter, h)) for _ in range(num_layers)]
+    gates = [ops.linear_pack(paddle.to_tensor((rng.standard_normal((h, experts)) * 0.02).astype(np.float32)), "float32")
+             for _ in range(num_layers)]
+    xs = {batch: paddle.to_tensor(rng.standard_normal((batch, h)).astype(np.float32)) for batch in (1, 16)}
 
-    def moe_step(x: paddle.Tensor) -> None:
-        for gate, w13, w2, shared_w in layers:
-            weights, ids = select_experts(ops.linear(x, gate, None, experts, "float32"), top_k, True)
-            out = ops.fused_moe(x, ids, weights, w13, w2, inter, "bfloat16")
-            if shared_w is not None:
-                out = out + swiglu(x, *shared_w, shared)
+    def route(x: paddle.Tensor, gate: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
+        return select_experts(ops.linear(x, gate, None, experts, "float32"), top_k, True)
 
-    def dense_step(x: paddle.Tensor) -> None:
-        for gate_up, down in dense:
-            swiglu(x, gate_up, down, dense_inter)
-
-    row = {"hidden": h, "experts": experts, "top_k": top_k, "moe_intermediate": inter, "shared_intermediate": shared,
-           "dense_intermediate": dense_inter, "layers": num_layers}
-    for batch in (1, 16):
-        x = paddle.to_tensor(rng.standard_normal((batch, h)).astype(np.float32))
-        moe_step(x), dense_step(x)  # warm-up (oneDNN primitives)
-        times: dict[str, list[float]] = {"moe": [], "dense": []}
-        for _ in range(reps):
-            for name, step in (("moe", moe_step), ("dense", dense_step)):
-                t0 = time.perf_counter()
-                step(x)
-                times[name].append((time.perf_counter() - t0) * 1e3)
-        moe_ms, dense_ms = statistics.median(times["moe"]), statistics.median(times["dense"])
-        gate = layers[0][0]
-        routing_ms = _median_ms(lambda g=gate, x=x: select_experts(ops.linear(x, g, None, experts, "float32"), top_k,
-                                                                    True), reps) * num_layers
+    row: dict = {"hidden": h, "experts": experts, "top_k": top_k, "moe_intermediate": inter,
+                 "shared_intermediate": shared, "dense_intermediate": dense_inter, "layers": num_layers}
+    for batch, x in xs.items():
         # A step reads every hit expert's weights once: the bytes, not the FLOPs, set its time at small batch.
-        hit = len(np.unique(select_experts(ops.linear(x, gate, None, experts, "float32"), top_k, True)[1].numpy()))
+        hit = len(np.unique(route(x, gates[0])[1].numpy()))
         row[f"batch{batch}"] = {
-            "moe_ms": round(moe_ms, 2), "dense_ms": round(dense_ms, 2), "moe_over_dense": round(moe_ms / dense_ms, 2),
-            "routing_ms": round(routing_ms, 2), "experts_hit_per_layer": hit,
+            "routing_ms": round(_median_ms(lambda x=x: route(x, gates[0]), reps) * num_layers, 2),
+            "experts_hit_per_layer": hit,
             "weight_bytes_over_dense": round((hit * 3 * inter + 3 * shared) / (3 * dense_inter), 2),
-        }  # fmt: skip
+        }
+    for fmt in formats:
+        f = _MoeFormat(fmt, rng)
+
+        def swiglu(x: paddle.Tensor, gate_up, down, n: int, f: _MoeFormat = f) -> paddle.Tensor:
+            return f.linear(ops.silu_and_mul(f.linear(x, gate_up, 2 * n)), down, h)
+
+        layers = [(gate, f.experts(h, 2 * inter, experts), f.experts(inter, h, experts),
+                   (f.matrix(h, 2 * shared), f.matrix(shared, h)) if shared else None) for gate in gates]
+        dense = [(f.matrix(h, 2 * dense_inter), f.matrix(dense_inter, h)) for _ in range(num_layers)]
+
+        def moe_step(x: paddle.Tensor, layers: list = layers, f: _MoeFormat = f, swiglu=swiglu) -> None:
+            for gate, w13, w2, shared_w in layers:
+                weights, ids = route(x, gate)
+                out = f.moe(x, ids, weights, w13, w2, h, inter)
+                if shared_w is not None:
+                    out = out + swiglu(x, *shared_w, shared)
+
+        def dense_step(x: paddle.Tensor, dense: list = dense, swiglu=swiglu) -> None:
+            for gate_up, down in dense:
+                swiglu(x, gate_up, down, dense_inter)
+
+        for batch, x in xs.items():
+            moe_step(x), dense_step(x)  # warm-up (oneDNN primitives)
+            times: dict[str, list[float]] = {"moe": [], "dense": []}
+            for _ in range(reps):
+                for name, step in (("moe", moe_step), ("dense", dense_step)):
+                    t0 = time.perf_counter()
+                    step(x)
+                    times[name].append((time.perf_counter() - t0) * 1e3)
+            moe_ms, dense_ms = statistics.median(times["moe"]), statistics.median(times["dense"])
+            row[f"batch{batch}"][fmt] = {"moe_ms": round(moe_ms, 2), "dense_ms": round(dense_ms, 2),
+                                         "moe_over_dense": round(moe_ms / dense_ms, 2)}
+        del layers, dense, moe_step, dense_step  # free this format's weights before the next one's
     return row
 
 
@@ -479,6 +550,8 @@ def main() -> None:
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results", "kernels.json"))
     parser.add_argument("--moe-layers", type=int, default=2, help="layers of each MoE / dense row (~1.5 GB each)")
     parser.add_argument("--moe-reps", type=int, default=10)
+    parser.add_argument("--moe-formats", nargs="+", default=list(MOE_FORMATS), choices=list(MOE_FORMATS),
+                        help="expert weight formats of the MoE rows (each with its dense layer in that format)")
     parser.add_argument("--moe-only", action="store_true", help="only the MoE-vs-dense rows (results/kernels_moe.json)")
     parser.add_argument("--vision", action="store_true", help="measure the vision-language rows instead")
     parser.add_argument("--vision-full-3b", action="store_true", help="with --vision: Qwen2.5-VL-3B's TTFT too")
@@ -490,7 +563,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         if args.child_task == "moe":
-            print(json.dumps(measure_moe(args.moe_layers, args.moe_reps)))
+            print(json.dumps(measure_moe(args.moe_layers, args.moe_reps, tuple(args.moe_formats))))
         elif args.child_task.startswith("vision:"):
             _, name, run_lm = args.child_task.split(":")
             print(json.dumps(measure_vision(name, run_lm == "lm", args.vision_dtype, args.vision_reps)))
@@ -502,9 +575,10 @@ def main() -> None:
             print(json.dumps(measure(args.configs, args.context, args.prefill_len, args.decode_steps)))
         return
 
+    moe_args = ["--moe-layers", str(args.moe_layers), "--moe-reps", str(args.moe_reps), "--moe-formats",
+                *args.moe_formats, "--child-task", "moe"]
     if args.moe_only:
-        moe = {str(t): run_child(t, args, "--moe-layers", str(args.moe_layers), "--moe-reps", str(args.moe_reps),
-                                 "--child-task", "moe") for t in args.threads}
+        moe = {str(t): run_child(t, args, *moe_args) for t in args.threads}
         print(f"moe: {json.dumps(moe)}", flush=True)
         output = args.output.replace("kernels.json", "kernels_moe.json")
         os.makedirs(os.path.dirname(output), exist_ok=True)
@@ -536,8 +610,7 @@ def main() -> None:
                 figures = [k for k in res[name] if k.endswith("_ms")]
                 res[name]["speedup_vs_paddle_fp32"] = {k: round(base[k] / res[name][k], 2) for k in figures}
         res["gguf_formats"] = run_child(threads, args, "--child-task", "formats")
-        res["moe_vs_dense"] = run_child(threads, args, "--moe-layers", str(args.moe_layers), "--moe-reps",
-                                        str(args.moe_reps), "--child-task", "moe")
+        res["moe_vs_dense"] = run_child(threads, args, *moe_args)
         results[str(threads)] = res
         summary = {n: {k: v for k, v in r.items() if k != "samples"} for n, r in res.items() if isinstance(r, dict)}
         print(f"threads={threads}: {json.dumps(summary)}", flush=True)

@@ -54,6 +54,31 @@ def fused_moe(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights: paddle.Te
     return _run("fd_fused_moe", x, topk_ids, topk_weights, w13, w2, inter, dtype)[0]
 
 
+def int_fused_moe(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights: paddle.Tensor, w13: paddle.Tensor,
+                  w13_scales: paddle.Tensor, w13_mins: paddle.Tensor | None, w2: paddle.Tensor,
+                  w2_scales: paddle.Tensor, w2_mins: paddle.Tensor | None, inter: int, bits: int, group: int,
+                  isa: int) -> paddle.Tensor:
+    """:func:`fused_moe` with wint8 / wint4 experts (csrc/cpu/moe_quant.cc, each expert's GEMM int_gemm.cc's).
+
+    ``w13`` / ``w2`` ``[E, bytes]`` hold each expert's ``[H, 2I]`` / ``[I, H]`` integers in the panel
+    layout of :func:`int_linear`, ``*_scales`` (and the 4-bit ``*_mins``) ``[E, n]`` theirs; ``bits``,
+    ``group`` and ``isa`` as :func:`int_linear`'s.
+    """
+    return _run("fd_int_fused_moe", x, topk_ids, topk_weights, w13, w13_scales, w13_mins, w2, w2_scales, w2_mins,
+                inter, bits, group, isa)[0]
+
+
+def gguf_fused_moe(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights: paddle.Tensor, w13: paddle.Tensor,
+                   w2: paddle.Tensor, w13_segments: list[int], w2_segments: list[int], isa: int) -> paddle.Tensor:
+    """:func:`fused_moe` with GGUF block experts (csrc/cpu/moe_quant.cc, each expert's GEMM gguf_gemm.cc's).
+
+    ``w13`` ``[E, bytes]``: each expert's gate then up rows (``[2I, H]``) packed by :func:`gguf_pack`
+    with their ``(ggml type, rows)`` ``w13_segments``; ``w2`` likewise its down rows ``[H, I]``;
+    ``isa`` as :func:`gguf_linear`'s.
+    """
+    return _run("fd_gguf_fused_moe", x, topk_ids, topk_weights, w13, w2, w13_segments, w2_segments, isa)[0]
+
+
 def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:
     """RMSNorm over the last dimension (fp32)."""
     return _run("fd_rms_norm", x, weight, eps)[0]

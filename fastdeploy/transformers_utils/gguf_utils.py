@@ -171,6 +171,14 @@ def load_gguf_blocks(data: np.ndarray, info: GGUFTensorInfo) -> GGUFBlocks:
     return GGUFBlocks(info.name, info.ggml_type, (int(shape[0]), int(shape[1])), raw)
 
 
+def load_gguf_expert_blocks(data: np.ndarray, info: GGUFTensorInfo) -> list[GGUFBlocks]:
+    """A stacked MoE tensor ``info`` (``ffn_*_exps``, ``[E, rows, k]``) as each expert's raw blocks (views, no copy)."""
+    raw, shape = _tensor_bytes(data, info)
+    if len(shape) != 3:
+        raise ValueError(f"GGUF tensor {info.name} has shape {shape}; stacked experts are [experts, rows, cols].")
+    return [GGUFBlocks(info.name, info.ggml_type, (int(shape[1]), int(shape[2])), raw[e]) for e in range(shape[0])]
+
+
 def load_gguf_tensor(data: np.ndarray, info: GGUFTensorInfo) -> np.ndarray:
     """The tensor ``info`` from the file's bytes ``data`` (a uint8 memmap), dequantized to fp32.
 

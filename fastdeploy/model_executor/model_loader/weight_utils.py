@@ -297,10 +297,24 @@ def merge_mla_kv_b(k_b: np.ndarray, v_b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(kv_b.reshape(-1, rank))
 
 
+def _split_rows(expert: np.ndarray | GGUFBlocks) -> tuple:
+    """One expert's fused ``[2 * ff, in]`` gate|up rows (fp32 or blocks) -> (gate rows, up rows)."""
+    if isinstance(expert, np.ndarray):
+        return tuple(np.split(expert, 2, axis=0))
+    half = expert.shape[0] // 2
+    return tuple(dataclasses.replace(expert, shape=(half, expert.shape[1]), data=part)
+                 for part in (expert.data[:half], expert.data[half:]))
+
+
 def gguf_router_name(hf_name: str) -> bool:
     """Whether ``hf_name`` is an MoE router's weight, dequantized even with ``keep_blocks`` (llama.cpp's
     converter and llama-quantize keep ``ffn_gate_inp`` in F32)."""
     return hf_name.endswith(_FP32_ROUTER_SUFFIXES)
+
+
+def gguf_experts_name(hf_name: str) -> bool:
+    """Whether ``hf_name`` is a stacked MoE experts tensor (``ffn_*_exps`` under its Hugging Face name)."""
+    return _STACKED_EXPERTS_RE.match(hf_name) is not None
 
 
 def gguf_dense_modules(path: str) -> list[str]:
@@ -320,11 +334,13 @@ def gguf_weights_iterator(
 
     Dequantized to fp32, or with ``keep_blocks`` (``--quantization gguf``) every matrix as its
     raw :class:`GGUFBlocks` whatever its type (the layer's method decides what it can serve);
-    vectors (norms, biases), MoE routers and the stacked MoE experts (``ffn_*_exps``, yielded one expert at a
-    time under Hugging Face's per-expert names) are dequantized either way.
+    vectors (norms, biases) and MoE routers are dequantized either way. The stacked MoE experts
+    (``ffn_*_exps``) are yielded one expert at a time under Hugging Face's per-expert names: blocks
+    with ``keep_blocks``, else fp32.
     """
     from fastdeploy.transformers_utils.gguf_utils import (
         load_gguf_blocks,
+        load_gguf_expert_blocks,
         load_gguf_tensor,
         read_gguf_metadata,
         read_gguf_tensor_infos,
@@ -365,16 +381,22 @@ def gguf_weights_iterator(
                 blocks = load_gguf_blocks(data, info)
                 yield hf_name, dataclasses.replace(blocks, data=unpermute(hf_name, blocks.data))
             elif stacked is not None:
-                # MoE experts are dequantized whatever keep_blocks says: the expert kernel takes fp32 (packed bf16).
-                experts = load_gguf_tensor(data, info)
+                # One expert at a time: blocks for the MoE block kernels (keep_blocks), else fp32.
+                if keep_blocks:
+                    experts: list = load_gguf_expert_blocks(data, info)
+                else:
+                    experts = list(load_gguf_tensor(data, info))
                 projs = [stacked.group(2)]
                 if projs == ["gate_up_proj"]:  # [E, 2 * ff, in]: gate rows, then up rows
-                    projs, experts = ["gate_proj", "up_proj"], np.split(experts, 2, axis=1)
+                    projs, per_proj = ["gate_proj", "up_proj"], [[], []]
+                    for x in experts:
+                        for half, part in zip(per_proj, _split_rows(x), strict=True):
+                            half.append(part)
                 else:
-                    experts = [experts]
-                for proj, stack in zip(projs, experts, strict=True):
-                    for e in range(stack.shape[0]):
-                        yield f"{stacked.group(1)}.{e}.{proj}.weight", stack[e]
+                    per_proj = [experts]
+                for proj, stack in zip(projs, per_proj, strict=True):
+                    for e, expert in enumerate(stack):
+                        yield f"{stacked.group(1)}.{e}.{proj}.weight", expert
             elif hf_name.endswith("shared_expert_gate.weight"):
                 yield hf_name, load_gguf_tensor(data, info).reshape(1, -1)  # llama.cpp keeps it as [H]
             else:

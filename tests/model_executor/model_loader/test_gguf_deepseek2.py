@@ -199,19 +199,21 @@ def test_deepseek2_metadata_variants_refused_by_name(checkpoint, tmp_path):
         deepseek2_hf_config(sigmoid, {n for n in names if "exp_probs_b" not in n})
 
 
-def test_deepseek2_gguf_serves_quantized_with_a_dense_kv_b(tmp_path):
-    """--quantization gguf (a GGUF file's default): the matrices stay Q8_0 blocks; kv_b_proj, rebuilt from
-    the 3-D attn_k_b / attn_v_b, is dense (unquantized_modules), and the absorbed decode splits it."""
+@pytest.mark.parametrize("fuse_gate_up", [False, True])
+def test_deepseek2_gguf_serves_quantized_with_a_dense_kv_b(fuse_gate_up, tmp_path):
+    """--quantization gguf (a GGUF file's default): the matrices and the experts (apart, or one
+    ffn_gate_up_exps) stay Q8_0 blocks; kv_b_proj, rebuilt from the 3-D attn_k_b / attn_v_b, is dense
+    (unquantized_modules), and the absorbed decode splits it."""
     from fastdeploy.config import LoadConfig, ModelConfig
     from fastdeploy.model_executor.layers.linear import UnquantizedLinearMethod
-    from fastdeploy.model_executor.layers.quantization.gguf import GGUFLinearMethod
+    from fastdeploy.model_executor.layers.quantization.gguf import GGUFFusedMoEMethod, GGUFLinearMethod
     from fastdeploy.model_executor.model_loader import get_model
 
     # q_lora_rank 64: q_b_proj's rows whole Q8_0 blocks (the kernels take no F32 matrix).
     folder = build_tiny_checkpoint("DeepseekV3ForCausalLM", tmp_path / "hf", num_hidden_layers=3, q_lora_rank=64)
     _randomize_correction_bias(folder)
     path = tmp_path / "tiny-q8_0.gguf"
-    write_deepseek2_gguf(folder, str(path), q8=True)
+    write_deepseek2_gguf(folder, str(path), q8=True, fuse_gate_up=fuse_gate_up)
     # The routers stay F32 as the converter keeps them; the start-up type check lets them through.
     from fastdeploy.model_executor.layers.quantization.gguf import check_tensor_types
     from fastdeploy.transformers_utils.gguf_utils import read_gguf_tensor_infos
@@ -224,9 +226,16 @@ def test_deepseek2_gguf_serves_quantized_with_a_dense_kv_b(tmp_path):
     assert isinstance(attn.q_b_proj.quant_method, GGUFLinearMethod)
     assert isinstance(attn.kv_a_proj_with_mqa.quant_method, GGUFLinearMethod)
     assert isinstance(attn.kv_b_proj.quant_method, UnquantizedLinearMethod)
+    experts = model.model.layers[1].mlp.experts
+    assert isinstance(experts.quant_method, GGUFFusedMoEMethod)
+    dequantized = load_our_model(str(tmp_path), path.name)
+    # The experts' blocks, dequantized, are the weights of the --quantization none load (gate rows, then up).
+    for got_w, want_w in zip(experts.dense_weights(), dequantized.model.layers[1].mlp.experts.dense_weights(),
+                             strict=True):
+        np.testing.assert_array_equal(got_w.numpy(), want_w.numpy())
     # Against the same file dequantized at load: what differs is the GGUF kernels' int8 activations
     # (measured: mean |diff| 0.020, 32 of 37 argmaxes equal; a flipped routing choice moves a few logits more).
-    got, want = prefill_logits(model, _PROMPT), prefill_logits(load_our_model(str(tmp_path), path.name), _PROMPT)
+    got, want = prefill_logits(model, _PROMPT), prefill_logits(dequantized, _PROMPT)
     assert np.abs(got - want).mean() < 0.03
     assert (got.argmax(-1) == want.argmax(-1)).mean() > 0.8
 

@@ -5,8 +5,10 @@ Face's per-expert ``[out, in]`` layout: ``w13_weight [E, 2I, H]`` (gate rows, th
 and ``w2_weight [E, H, I]`` (down). Its forward takes the hidden states and the router's
 logits, picks each token's experts (:func:`~.router.select_experts`) and runs the experts
 through its method, a :class:`FusedMoEMethodBase` handed out by the quantization config
-like a linear layer's (so a quantized format can bring its own expert kernel). Without
-one the method is :class:`UnquantizedFusedMoEMethod`:
+like a linear layer's: ``wint8`` / ``wint4`` (``IntFusedMoEMethod``, quantization/weight_only.py)
+and ``gguf`` (``GGUFFusedMoEMethod``, quantization/gguf.py) bring their own expert kernels
+(csrc/cpu/moe_quant.cc, the same grouping code as moe.cc); any other format is refused by
+name. Without quantization the method is :class:`UnquantizedFusedMoEMethod`:
 
 - kernel path (the platform's ``fused_moe == "csrc"``): each expert's two matrices are
   packed once by the linear kernel's ``linear_pack`` (bf16 or fp32) and the forward is one
@@ -64,6 +66,13 @@ def expert_params_mapping(name: str) -> tuple[str, object] | None:
     if rest in (["down_proj"], ["down_proj", "weight"]):
         return f"{prefix}.w2_weight", None
     return None
+
+
+def moe_quantization_methods() -> list[str]:
+    """The ``--quantization`` names whose configs give MoE experts a method of their own."""
+    from fastdeploy.model_executor.layers.quantization import get_quantization_config, get_quantization_methods
+
+    return [name for name in get_quantization_methods() if get_quantization_config(name).supports_moe]
 
 
 class FusedMoEMethodBase(QuantizeMethodBase):
@@ -179,8 +188,9 @@ class FusedMoE(nn.Layer):
             options, see :func:`~.router.select_experts`.
         e_score_correction_bias: a ``[E]`` / ``[1, E]`` parameter the model owns (loaded under its
             checkpoint name), added to the scores for choosing experts only.
-        quant_config: the model's quantization config; None, or a config that returns no
-            :class:`FusedMoEMethodBase` for this layer, gives :class:`UnquantizedFusedMoEMethod`.
+        quant_config: the model's quantization config, which gives the experts their method
+            (:class:`UnquantizedFusedMoEMethod` without one). A config that has none for MoE experts
+            is refused by name (a ValueError listing the formats that quantize experts).
         prefix: the layer's checkpoint name.
     """
 
@@ -216,6 +226,12 @@ class FusedMoE(nn.Layer):
         # A plain attribute: the parameter belongs to (and is loaded through) the model's own module.
         object.__setattr__(self, "e_score_correction_bias", e_score_correction_bias)
         method = quant_config.get_quant_method(self, prefix) if quant_config is not None else None
+        if quant_config is not None and method is None:
+            raise ValueError(
+                f"quantization={quant_config.get_name()!r} has no method for the MoE experts {prefix!r} "
+                f"(FusedMoE); MoE experts are quantized by: {', '.join(moe_quantization_methods())} "
+                "(or serve the model unquantized)."
+            )
         if method is not None and not isinstance(method, FusedMoEMethodBase):
             raise ValueError(f"{type(quant_config).__name__} gave {type(method).__name__} for the MoE experts "
                              f"{prefix!r}, which is not an MoE method.")

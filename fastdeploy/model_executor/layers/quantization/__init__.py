@@ -7,6 +7,8 @@ Built: ``gguf`` (:mod:`.gguf`, GGUF files served in their own blocks; a GGUF fil
 ``wint8`` / ``wint4`` (:mod:`.weight_only`, W8A16 / W4A16 quantized at load), ``w8a8`` (:mod:`.w8a8`),
 ``awq`` / ``gptq`` (:mod:`.awq_gptq`, 4-bit checkpoints, chosen by their ``quantization_config``),
 ``fp8`` (:mod:`.fp8`, e4m3 weights: an fp8 checkpoint, or quantized at load).
+MoE experts (``FusedMoE``) get a method of their own from the formats with ``supports_moe`` (``gguf``,
+``wint8``, ``wint4``); a FusedMoE layer refuses any other format by name at start-up.
 ``none`` (:data:`NO_QUANTIZATION`) asks for no method at all: a GGUF file is then dequantized at load.
 Which method a model gets is decided once at start-up (:mod:`.selection`). The registry is the one
 list of methods: the CPU platform supports what is registered here.

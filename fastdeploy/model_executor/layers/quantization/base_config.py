@@ -32,6 +32,10 @@ class QuantizeMethodBase(ABC):
 class QuantizationConfig(ABC):
     """One quantization format: what it reads from a checkpoint and which method each layer gets."""
 
+    # Whether get_quant_method gives MoE experts (FusedMoE layers) a method of the format's own; a
+    # FusedMoE layer refuses, at construction, a config that gives it none (never silently unquantized).
+    supports_moe: bool = False
+
     @classmethod
     @abstractmethod
     def get_name(cls) -> str:

@@ -25,6 +25,7 @@ from paddle import nn
 from fastdeploy import _custom_ops as ops
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.custom_op import get_op_backend
+from fastdeploy.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodBase
 from fastdeploy.model_executor.layers.linear import KernelWeight, LinearBase, LinearMethodBase
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
@@ -66,14 +67,14 @@ def check_tensor_types(path: str) -> None:
     Raises:
         ValueError: naming each such tensor with its type, and the supported types.
     """
-    from fastdeploy.model_executor.model_loader.weight_utils import gguf_router_name, gguf_to_hf_name
+    from fastdeploy.model_executor.model_loader.weight_utils import gguf_experts_name, gguf_router_name, gguf_to_hf_name
     from fastdeploy.transformers_utils.gguf_utils import ggml_type_name, read_gguf_tensor_infos
 
-    # The loader keeps the matrices of the model (2-D, with a Hugging Face name) as blocks, the MoE
-    # routers (F32 in every llama.cpp file) aside.
+    # The loader keeps the matrices of the model (2-D, with a Hugging Face name) and the stacked MoE
+    # experts (3-D) as blocks, the MoE routers (F32 in every llama.cpp file) aside.
     bad = [f"{info.name!r} ({ggml_type_name(info.ggml_type)})" for info in read_gguf_tensor_infos(path)
-           if len(info.dims) == 2 and info.ggml_type not in GGUF_KERNEL_TYPES
-           and (hf := gguf_to_hf_name(info.name)) and not gguf_router_name(hf)]
+           if info.ggml_type not in GGUF_KERNEL_TYPES and (hf := gguf_to_hf_name(info.name))
+           and (len(info.dims) == 2 and not gguf_router_name(hf) or len(info.dims) == 3 and gguf_experts_name(hf))]
     if bad:
         shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
         raise ValueError(
@@ -136,6 +137,8 @@ class GGUFConfig(QuantizationConfig):
         # kv_b_proj a deepseek2 file splits into 3-D attn_k_b / attn_v_b. Set by the model loader.
         self.unquantized_modules: list[str] = []
 
+    supports_moe = True
+
     def __repr__(self) -> str:
         return f"GGUFConfig(kernel_path={self.kernel_path!r})"
 
@@ -161,6 +164,8 @@ class GGUFConfig(QuantizationConfig):
 
         if isinstance(layer, VocabParallelEmbedding):
             return GGUFEmbeddingMethod()
+        if isinstance(layer, FusedMoE):
+            return GGUFFusedMoEMethod(self.isa)
         if isinstance(layer, LinearBase):
             return None if prefix in self.unquantized_modules else GGUFLinearMethod(self.isa)
         return None
@@ -257,6 +262,96 @@ class GGUFLinearMethod(LinearMethodBase):
                                                    strict=True)
         ]
         return paddle.concat(parts, axis=0).T
+
+
+class GGUFFusedMoEMethod(FusedMoEMethodBase):
+    """MoE experts kept in their GGUF blocks; the forward is ``fd_gguf_fused_moe``.
+
+    The loader yields each expert's ``gate_proj`` / ``up_proj`` / ``down_proj`` rows of the file's
+    stacked ``ffn_*_exps`` tensors as :class:`GGUFBlocks` (shards ``(e, "w1" | "w3" | "w2")``);
+    :meth:`process_weights_after_loading` packs each expert's gate and up rows as two segments of
+    one ``[2I, H]`` matrix and its down rows as ``[H, I]``, one row of ``w13_qweight`` /
+    ``w2_qweight [E, bytes]`` per expert. The types are the file's (gate, up and down may differ,
+    as in ``Q4_K_M`` files).
+
+    Args:
+        isa: the kernel path's id (:data:`KERNEL_PATHS`).
+    """
+
+    def __init__(self, isa: int) -> None:
+        self.isa = isa
+
+    def create_weights(self, layer: FusedMoE, num_experts: int, hidden_size: int, intermediate_size: int,
+                       dtype: str) -> None:
+        # Placeholders the model's loader finds by name; the blocks replace them.
+        layer.w13_weight = new_parameter([0], dtype)
+        layer.w2_weight = new_parameter([0], dtype)
+        object.__setattr__(layer, "_gguf_shards", {})
+
+    def weight_loader(self, layer: FusedMoE, param: paddle.Tensor, loaded: Any, shard_id: object) -> bool:
+        if shard_id is None:
+            raise ValueError(f"quantization='gguf' loads MoE experts one by one; {type(loaded).__name__} came for "
+                             "a whole stacked tensor.")
+        expert, shard = shard_id
+        if not 0 <= expert < layer.num_experts or shard not in ("w1", "w3", "w2"):
+            raise ValueError(f"FusedMoE: shard {shard_id!r} does not fit {layer.num_experts} experts.")
+        h, inter = layer.hidden_size, layer.intermediate_size
+        shape = (h, inter) if shard == "w2" else (inter, h)
+        layer._gguf_shards[shard_id] = check_blocks(loaded, f"FusedMoE[{expert}, {shard}]", shape)
+        return True
+
+    def process_weights_after_loading(self, layer: FusedMoE, dtype: str) -> bool:
+        """Pack every expert's blocks once; True: the experts compute whatever ``dtype`` is."""
+        if getattr(layer, "_gguf_moe_args", None) is not None:
+            return True
+        shards = layer._gguf_shards
+        missing = [(e, n) for e in range(layer.num_experts) for n in ("w1", "w3", "w2") if (e, n) not in shards]
+        if missing:
+            raise ValueError(f"FusedMoE: GGUF expert shards {missing[:4]} were not loaded.")
+        packed: dict[str, tuple[paddle.Tensor, list[int]]] = {}
+        sizes: dict[str, list[int]] = {}  # each segment's packed bytes, for dense_weights
+        for name, parts in (("w13", ("w1", "w3")), ("w2", ("w2",))):
+            experts, segments = [], None
+            for e in range(layer.num_experts):
+                blocks = [shards[(e, p)] for p in parts]
+                these = [v for b in blocks for v in (b.ggml_type, b.shape[0])]
+                if segments is not None and these != segments:
+                    raise ValueError(f"FusedMoE: GGUF expert {e} has types {these[0::2]}, expert 0 {segments[0::2]}.")
+                segments = these
+                # One segment per shard, packed one after the other (the layout of fd_gguf_pack over segments).
+                pieces = [pack_blocks(b.data, b.ggml_type, *b.shape) for b in blocks]
+                sizes[name] = [int(t.shape[0]) for t in pieces]
+                experts.append(paddle.concat(pieces))
+            packed[name] = (paddle.stack(experts), segments)
+            layer.register_buffer(f"{name}_qweight", packed[name][0], persistable=True)
+        (w13, seg13), (w2, seg2) = packed["w13"], packed["w2"]
+        object.__setattr__(layer, "_gguf_moe_args", (w13, w2, seg13, seg2, self.isa))
+        object.__setattr__(layer, "_gguf_moe_sizes", sizes)
+        object.__setattr__(layer, "_gguf_shards", {})
+        layer.w13_weight = None
+        layer.w2_weight = None
+        return True
+
+    def apply(self, layer: FusedMoE, x: paddle.Tensor, topk_weights: paddle.Tensor,
+              topk_ids: paddle.Tensor) -> paddle.Tensor:
+        return ops.gguf_fused_moe(x, topk_ids, topk_weights, *layer._gguf_moe_args)
+
+    def dense_weights(self, layer: FusedMoE) -> tuple[paddle.Tensor, paddle.Tensor]:
+        w13, w2, seg13, seg2, _ = layer._gguf_moe_args
+        h, inter = layer.hidden_size, layer.intermediate_size
+
+        def dense(packed: paddle.Tensor, segments: list[int], sizes: list[int], k: int) -> paddle.Tensor:
+            experts = []
+            for e in range(packed.shape[0]):
+                parts, begin = [], 0
+                for ggml_type, rows, size in zip(segments[0::2], segments[1::2], sizes, strict=True):
+                    parts.append(dequantize_rows(packed[e, begin : begin + size], ggml_type, rows, k))
+                    begin += size
+                experts.append(paddle.concat(parts, axis=0))
+            return paddle.stack(experts)
+
+        sizes = layer._gguf_moe_sizes
+        return dense(w13, seg13, sizes["w13"], h), dense(w2, seg2, sizes["w2"], inter)
 
 
 class GGUFEmbeddingMethod(QuantizeMethodBase):

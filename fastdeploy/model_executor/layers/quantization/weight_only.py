@@ -12,20 +12,24 @@ stay integers in memory; the kernel path is the platform's choice (``FD_CPU_INT_
 - ``avx512`` / ``avx2`` / ``scalar`` (the default): csrc/cpu/int_gemm.cc widens the weights to fp32 in
   registers (fp32 activations and FMAs); wint4 keeps two weights a byte there.
 
-The decoder's projections are quantized; the LM head and the embedding stay as the checkpoint
-has them (as FastDeploy and vLLM's weight-only formats do).
+The decoder's projections and the MoE experts (:class:`IntFusedMoEMethod`, ``fd_int_fused_moe``:
+int_gemm.cc per expert) are quantized; the LM head, the embedding and the MoE routers stay as the
+checkpoint has them (as FastDeploy and vLLM's weight-only formats do).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
+import numpy as np
 import paddle
 from paddle import nn
 
 from fastdeploy import _custom_ops as ops
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.custom_op import get_op_backend
+from fastdeploy.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodBase, UnquantizedFusedMoEMethod
 from fastdeploy.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
@@ -147,10 +151,87 @@ class IntLinearMethod(LinearMethodBase):
         return paddle.to_tensor(unpack_int4(qweight.numpy(), scales.numpy(), mins.numpy(), k, n, group))
 
 
+@functools.cache
+def _log_once(message: str) -> None:
+    logger.info(message)
+
+
+def int_gemm_isa(path: str, where: str) -> int:
+    """int_gemm.cc's isa for the platform's integer path; ``onednn`` (linear layers only) gives its AVX-512 path."""
+    if path == ONEDNN_PATH:
+        _log_once(f"{where}: int_gemm avx512 (oneDNN's weight decompression serves linear layers only)")
+        path = "avx512"
+    return KERNEL_PATHS[path]
+
+
+class IntFusedMoEMethod(FusedMoEMethodBase):
+    """MoE experts as wint8 (per channel) / wint4 (per group) integers, run by ``fd_int_fused_moe``.
+
+    Every expert's ``[H, 2I]`` gate|up and ``[I, H]`` down weights are quantized at load exactly
+    as :class:`IntLinearMethod` quantizes a linear layer, and multiplied by the same int_gemm.cc
+    kernel (the platform's path), inside moe.cc's one grouping code path.
+
+    Args:
+        bits: 8 or 4.
+        group: rows of K per 4-bit scale.
+        path: the platform's integer-kernel path (``onednn`` runs int_gemm's AVX-512 path here).
+    """
+
+    def __init__(self, bits: int, group: int, path: str) -> None:
+        self.bits, self.group = bits, group
+        self.isa = int_gemm_isa(path, f"wint{bits} MoE experts")
+
+    def create_weights(self, layer: FusedMoE, num_experts: int, hidden_size: int, intermediate_size: int,
+                       dtype: str) -> None:
+        # Loaded in fp32 through the layer's own loader, quantized once loaded.
+        UnquantizedFusedMoEMethod.create_weights(self, layer, num_experts, hidden_size, intermediate_size, dtype)  # type: ignore[arg-type]
+
+    def _quantize(self, weights: paddle.Tensor) -> list[paddle.Tensor]:
+        """``[E, out, in]`` -> ``[qweight [E, bytes], scales [E, n](, mins [E, n])]``: each expert's ``[in, out]`` packed."""
+        per_expert = []
+        for e in range(weights.shape[0]):
+            w = weights[e].astype("float32").numpy().T
+            weight = quantize_int8(w) if self.bits == 8 else quantize_int4(w, self.group, INT4_SHRINKS)
+            per_expert.append(pack_int8(*weight) if isinstance(weight, Int8Weight) else pack_int4(weight))
+        return [paddle.to_tensor(np.stack(parts)) for parts in zip(*per_expert, strict=True)]
+
+    def process_weights_after_loading(self, layer: FusedMoE, dtype: str) -> bool:
+        """Quantize and pack every expert once; True: the experts compute (in fp32) whatever ``dtype`` is."""
+        if getattr(layer, "_int_moe_args", None) is not None:
+            return True
+        w13, w2 = self._quantize(layer.w13_weight), self._quantize(layer.w2_weight)
+        for prefix, tensors in (("w13", w13), ("w2", w2)):
+            for name, t in zip(("qweight", "scales", "mins"), tensors, strict=False):
+                layer.register_buffer(f"{prefix}_{name}", t, persistable=True)
+        mins13, mins2 = (w13[2], w2[2]) if self.bits == 4 else (None, None)
+        object.__setattr__(layer, "_int_moe_args", (w13[0], w13[1], mins13, w2[0], w2[1], mins2,
+                                                    layer.intermediate_size, self.bits, self.group, self.isa))
+        layer.w13_weight = None
+        layer.w2_weight = None
+        return True
+
+    def apply(self, layer: FusedMoE, x: paddle.Tensor, topk_weights: paddle.Tensor,
+              topk_ids: paddle.Tensor) -> paddle.Tensor:
+        return ops.int_fused_moe(x, topk_ids, topk_weights, *layer._int_moe_args)
+
+    def dense_weights(self, layer: FusedMoE) -> tuple[paddle.Tensor, paddle.Tensor]:
+        q13, s13, m13, q2, s2, m2, inter, bits, group, _ = layer._int_moe_args
+        hidden = layer.hidden_size
+
+        def unpack(q: paddle.Tensor, s: paddle.Tensor, m: paddle.Tensor | None, k: int, n: int) -> paddle.Tensor:
+            experts = [unpack_int8(q[e].numpy(), s[e].numpy(), k, n) if bits == 8 else
+                       unpack_int4(q[e].numpy(), s[e].numpy(), m[e].numpy(), k, n, group) for e in range(q.shape[0])]
+            return paddle.to_tensor(np.ascontiguousarray(np.stack(experts).transpose(0, 2, 1)))
+
+        return unpack(q13, s13, m13, hidden, 2 * inter), unpack(q2, s2, m2, inter, hidden)
+
+
 class _WeightOnlyConfig(QuantizationConfig):
-    """A format quantized at load: the decoder's projections get an :class:`IntLinearMethod`."""
+    """A format quantized at load: the decoder's projections get an :class:`IntLinearMethod`, MoE experts an
+    :class:`IntFusedMoEMethod`."""
 
     bits: int = 8
+    supports_moe = True
 
     def __init__(self, group: int = DEFAULT_GROUP) -> None:
         self.group = group
@@ -169,6 +250,8 @@ class _WeightOnlyConfig(QuantizationConfig):
         refuse_gguf(cls.get_name(), model_config)
 
     def get_quant_method(self, layer: nn.Layer, prefix: str) -> QuantizeMethodBase | None:
+        if isinstance(layer, FusedMoE):
+            return IntFusedMoEMethod(self.bits, self.group, self.path)
         return IntLinearMethod(self.bits, self.group, self.path) if is_quantized_layer(layer) else None
 
 
@@ -194,4 +277,4 @@ class WInt4Config(_WeightOnlyConfig):
         return "wint4"
 
 
-__all__ = ["Int4Weight", "IntLinearMethod", "WInt4Config", "WInt8Config", "int_kernel_path", "is_quantized_layer", "refuse_gguf"]
+__all__ = ["Int4Weight", "IntFusedMoEMethod", "IntLinearMethod", "WInt4Config", "WInt8Config", "int_kernel_path", "is_quantized_layer", "refuse_gguf"]
