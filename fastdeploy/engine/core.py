@@ -11,6 +11,7 @@ from fastdeploy.engine.sched.scheduler import Scheduler
 from fastdeploy.executor import create_executor
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.guided_decoding.manager import StructuredOutputManager
+from fastdeploy.utils.gc_utils import freeze_gc_heap
 
 if TYPE_CHECKING:
     from fastdeploy.distributed.kv_transfer.pd_engine import PDKVTransfer
@@ -63,6 +64,7 @@ class EngineCore:
             fd_config.scheduler_config, cache, mc.max_model_len, structured_output_manager=self.structured_output_manager,
             kv_transfer=self.kv_transfer, speculative_config=fd_config.speculative_config,
         )
+        freeze_gc_heap()
         logger.info(
             "Engine ready in %.1f s: %d KV blocks of %d tokens (%.2f GiB), max_model_len=%d, max_num_seqs=%d, "
             "max_num_batched_tokens=%d.",

@@ -56,6 +56,7 @@ from fastdeploy.logger import init_logger
 from fastdeploy.platforms.cpu_binding import bind_process
 from fastdeploy.router.registration import InstanceHooks
 from fastdeploy.sampling_params import ParamValidationError
+from fastdeploy.utils.gc_utils import freeze_gc_heap
 from fastdeploy.version import __version__
 
 logger = init_logger("fastdeploy.entrypoints.openai.api_server")
@@ -514,6 +515,7 @@ async def run_server(args: argparse.Namespace) -> int:
     try:
         app = build_app(args)
         init_app_state(engine, app.state, args)
+        freeze_gc_heap()
         config = uvicorn.Config(app, log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
                                 ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile,
                                 ssl_ca_certs=args.ssl_ca_certs, timeout_graceful_shutdown=5)
