@@ -22,6 +22,7 @@ of the batch.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -48,8 +49,8 @@ W8A8_GROUP_ALIGN = 32
 
 def w8a8_group(k: int, max_group: int = W8A8_MAX_GROUP) -> int:
     """Columns per group for ``k`` input features: the even split into ``ceil(k / max_group)`` groups."""
-    split = -(-k // max_group)
-    return min(k, -(-(-(-k // split)) // W8A8_GROUP_ALIGN) * W8A8_GROUP_ALIGN)
+    size = math.ceil(k / math.ceil(k / max_group))
+    return min(k, math.ceil(size / W8A8_GROUP_ALIGN) * W8A8_GROUP_ALIGN)
 
 
 def quantize_int8_groups(w: np.ndarray, group: int, qmax: int = 127) -> tuple[np.ndarray, np.ndarray]:
