@@ -70,28 +70,37 @@ void quantize_rows_u8(const float* x, int64_t m, int64_t k, int64_t group, uint8
 
 void w8a8_epilogue(const int32_t* acc, int64_t m, int64_t n, int64_t groups, const float* xscale,
                    const int32_t* xzero, const float* wscale, const int32_t* wsum, const float* bias, float* out) {
+  // Blocks of columns whose sums over the groups stay in registers: each group's int32 sums are read
+  // once and the output written once, whatever G is.
+  constexpr int64_t kBlock = 64;
 #pragma omp parallel for schedule(static) if (m >= 16)
   for (int64_t r = 0; r < m; ++r) {
-    float* o = out + r * n;
-    // With one group `acc` may be `out` itself (oneDNN writes the int32 sums into the output
-    // buffer): element c is read before it is written, and no other element is touched in between.
-    for (int64_t g = 0; g < groups; ++g) {
-      const int32_t* a = acc + (g * m + r) * n;
-      const float* ws = wscale + g * n;
-      const int32_t* wz = wsum + g * n;
-      const float s = xscale[r * groups + g];
-      const int32_t z = xzero[r * groups + g];
-      if (g == 0) {
+    const float* xs = xscale + r * groups;
+    const int32_t* xz = xzero + r * groups;
+    for (int64_t c0 = 0; c0 < n; c0 += kBlock) {
+      const int64_t len = std::min(kBlock, n - c0);
+      float sum[kBlock];
 #pragma omp simd
-        for (int64_t c = 0; c < n; ++c) o[c] = static_cast<float>(a[c] - z * wz[c]) * (s * ws[c]);
+      for (int64_t c = 0; c < kBlock; ++c) sum[c] = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int32_t* a = acc + (g * m + r) * n + c0;
+        const float* ws = wscale + g * n + c0;
+        const int32_t* wz = wsum + g * n + c0;
+        const float s = xs[g];
+        const int32_t z = xz[g];
+#pragma omp simd
+        for (int64_t c = 0; c < len; ++c) sum[c] += static_cast<float>(a[c] - z * wz[c]) * (s * ws[c]);
+      }
+      // With one group `acc` may be `out` itself (oneDNN writes the int32 sums into the output
+      // buffer): this block's sums were all read above, and no other block is touched.
+      float* o = out + r * n + c0;
+      if (bias != nullptr) {
+#pragma omp simd
+        for (int64_t c = 0; c < len; ++c) o[c] = sum[c] + bias[c0 + c];
       } else {
 #pragma omp simd
-        for (int64_t c = 0; c < n; ++c) o[c] += static_cast<float>(a[c] - z * wz[c]) * (s * ws[c]);
+        for (int64_t c = 0; c < len; ++c) o[c] = sum[c];
       }
-    }
-    if (bias != nullptr) {
-#pragma omp simd
-      for (int64_t c = 0; c < n; ++c) o[c] += bias[c];
     }
   }
 }
