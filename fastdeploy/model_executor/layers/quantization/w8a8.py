@@ -40,9 +40,10 @@ from fastdeploy.model_executor.layers.quantization.weight_only import is_quantiz
 # The most columns of K per activation / weight scale. A layer's K is split evenly into that many
 # groups (rounded up to W8A8_GROUP_ALIGN columns): SmolLM2-135M's 576 into 3 x 192, 1536 into
 # 6 x 256, so no padding is multiplied. Measured on it with benchmarks/benchmark_perplexity.py
-# (perplexity vs bf16): one group +1.42%, groups of 128 +0.31%, this split +0.20%, and the split's
-# prefill costs about half what 128's does over one group (README). 256 also keeps each group's
-# integer bracket exact in fp32 (255 * 127 * 256 < 2^24).
+# (perplexity vs bf16, 8,176 ShareGPT tokens): one group +1.42%, groups of 128 +0.31%, this split
+# +0.20%; at one thread this split's ops cost about a third of what groups of 128 add over one group
+# (each group's int32 sums are written and scaled separately). 256 also keeps each group's integer
+# bracket exact in fp32 (255 * 127 * 256 < 2^24).
 W8A8_MAX_GROUP = 256
 W8A8_GROUP_ALIGN = 32
 
