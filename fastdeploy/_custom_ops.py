@@ -209,19 +209,21 @@ def weight_only_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.T
     return _run("fd_weight_only_linear", x, packed, scales, bias, n, group)[0]
 
 
-def w8a8_pack(weight: paddle.Tensor) -> paddle.Tensor:
-    """int8 ``[K, N]`` weights reordered for oneDNN's int8 matmul (uint8 bytes for :func:`w8a8_linear`)."""
-    return _run("fd_w8a8_pack", weight)[0]
+def w8a8_pack(weight: paddle.Tensor, group: int) -> paddle.Tensor:
+    """int8 ``[K, N]`` weights reordered for oneDNN's int8 matmul batched over ``ceil(K / group)`` groups of
+    ``group`` rows (K zero-padded; uint8 bytes for :func:`w8a8_linear`)."""
+    return _run("fd_w8a8_pack", weight, group)[0]
 
 
 def w8a8_linear(x: paddle.Tensor, packed: paddle.Tensor, wscale: paddle.Tensor, wsum: paddle.Tensor,
-                bias: paddle.Tensor | None, n: int) -> paddle.Tensor:
-    """W8A8 on oneDNN: rows of ``x`` quantized to u8 with a per-token scale and zero point, times int8
-    weights with per-column scales ``wscale`` and column sums ``wsum`` (int32, for the zero points)."""
-    return _run("fd_w8a8_linear", x, packed, wscale, wsum, bias, n)[0]
+                bias: paddle.Tensor | None, n: int, group: int) -> paddle.Tensor:
+    """W8A8 on oneDNN: each row's groups of ``group`` columns of ``x`` quantized to u8 with their own scale and
+    zero point, times int8 weights with scales ``wscale [G, N]`` and column sums ``wsum [G, N]`` (int32, for
+    the zero points) per group of K rows."""
+    return _run("fd_w8a8_linear", x, packed, wscale, wsum, bias, n, group)[0]
 
 
 def w8a8_linear_portable(x: paddle.Tensor, weight: paddle.Tensor, wscale: paddle.Tensor, wsum: paddle.Tensor,
-                         bias: paddle.Tensor | None) -> paddle.Tensor:
+                         bias: paddle.Tensor | None, group: int) -> paddle.Tensor:
     """W8A8 in portable C++ (int8 ``weight [N, K]``), where oneDNN's int8 matmul is not used."""
-    return _run("fd_w8a8_linear_portable", x, weight, wscale, wsum, bias)[0]
+    return _run("fd_w8a8_linear_portable", x, weight, wscale, wsum, bias, group)[0]

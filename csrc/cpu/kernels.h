@@ -60,15 +60,19 @@ int64_t int_packed_bytes(int bits, int64_t k, int64_t n);
 void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, int64_t group, const float* scales,
               const float* mins, const float* bias, int64_t n, int isa, float* out);
 
-// w8a8.cc: rows of x quantized to u8 with a zero point (x ~ scale * (q - zero), zero in 0..255; see
-// there), and the int32 sums acc[m, n] of q @ qw (int8 weights, per-column wscale, column sums wsum)
-// turned into fp32 rows; `acc` may be `out`.
-void quantize_rows_u8(const float* x, int64_t m, int64_t k, uint8_t* q, float* scale, int32_t* zero);
-void w8a8_epilogue(const int32_t* acc, int64_t m, int64_t n, const float* xscale, const int32_t* xzero,
-                   const float* wscale, const int32_t* wsum, const float* bias, float* out);
-// The ops' checks of wscale [N] float32, wsum [N] int32 and the optional bias [N] float32.
+// w8a8.cc: each row's groups of `group` columns of x quantized to u8 with a zero point
+// (x ~ scale * (q - zero), zero in 0..255; q [G, M, group], scale and zero [M, G]; see there), and
+// the int32 sums acc[G, M, N] of each group's q @ qw (int8 weights with scales wscale [G, N] and
+// column sums wsum [G, N]) turned into fp32 rows; with one group `acc` may be `out`.
+int64_t w8a8_groups(int64_t k, int64_t group);
+void quantize_rows_u8(const float* x, int64_t m, int64_t k, int64_t group, uint8_t* q, float* scale,
+                      int32_t* zero);
+void w8a8_epilogue(const int32_t* acc, int64_t m, int64_t n, int64_t groups, const float* xscale,
+                   const int32_t* xzero, const float* wscale, const int32_t* wsum, const float* bias, float* out);
+// The ops' checks of group (1..K), wscale [G, N] float32, wsum [G, N] int32 and the optional bias [N] float32.
 void check_w8a8_operands(const paddle::Tensor& wscale, const paddle::Tensor& wsum,
-                         const paddle::optional<paddle::Tensor>& bias, int64_t n, const char* op);
+                         const paddle::optional<paddle::Tensor>& bias, int64_t k, int64_t n, int64_t group,
+                         const char* op);
 
 // layernorm.cc
 void rms_norm(const float* x, const float* weight, float eps, int64_t rows, int64_t h, float* out);

@@ -102,15 +102,33 @@ memory::desc packed_weight_desc(int64_t k, int64_t n, dt wdt, int64_t group = 0)
   return md;
 }
 
+// W8A8's weights as a batch over K's groups: the source [G, M, group] u8, the weights
+// [G, group, N] s8 in the layout negotiated once (format_tag::any), the sums [G, M, N] s32.
+memory::desc w8a8_weight_desc(int64_t groups, int64_t group, int64_t n) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int64_t>, memory::desc> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto key = std::make_tuple(groups, group, n);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  dnnl::matmul::primitive_desc pd(cpu_engine(), memory::desc({groups, kPackReferenceM, group}, dt::u8, tag::abc),
+                                  memory::desc({groups, group, n}, dt::s8, tag::any),
+                                  memory::desc({groups, kPackReferenceM, n}, dt::s32, tag::abc));
+  memory::desc md = pd.weights_desc();
+  cache.emplace(key, md);
+  return md;
+}
+
 struct PrimitiveKey {
   int64_t m, k, n;
   int wdt;
   bool bias;
   int threads;
   int64_t group = 0;  // > 0: weight decompression with scales per `group` rows of K
+  int64_t batch = 0;  // > 0: W8A8's matmul batched over `batch` groups of K (k is then one group's rows)
   bool operator==(const PrimitiveKey& o) const {
     return m == o.m && k == o.k && n == o.n && wdt == o.wdt && bias == o.bias && threads == o.threads &&
-           group == o.group;
+           group == o.group && batch == o.batch;
   }
 };
 
@@ -121,6 +139,7 @@ struct PrimitiveKeyHash {
     h = h * 1000003u ^ std::hash<int64_t>()(key.n);
     h = h * 1000003u ^ std::hash<int>()(key.threads);
     h = h * 1000003u ^ std::hash<int64_t>()(key.group);
+    h = h * 1000003u ^ std::hash<int64_t>()(key.batch);
     return h * 31u + static_cast<size_t>(key.wdt) * 2u + (key.bias ? 1u : 0u);
   }
 };
@@ -154,6 +173,13 @@ class MatmulCache {
   static CachedMatmul create(const PrimitiveKey& key) {
     const dt wdt = static_cast<dt>(key.wdt);
     CachedMatmul c;
+    if (key.batch > 0) {
+      c.src = memory::desc({key.batch, key.m, key.k}, dt::u8, tag::abc);
+      c.weights = w8a8_weight_desc(key.batch, key.k, key.n);
+      c.dst = memory::desc({key.batch, key.m, key.n}, dt::s32, tag::abc);
+      c.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(cpu_engine(), c.src, c.weights, c.dst));
+      return c;
+    }
     c.src = memory::desc({key.m, key.k}, source_type(wdt, key.group), tag::ab);
     c.weights = packed_weight_desc(key.k, key.n, wdt, key.group);
     c.dst = memory::desc({key.m, key.n}, dest_type(wdt, key.group), tag::ab);
@@ -340,31 +366,36 @@ PD_BUILD_OP(fd_linear)
 
 // ----------------------------------------------------------------------------- W8A8 (oneDNN)
 //
-// int8 weights [K, N] with per-column scales; activations quantized per row to u8 with a zero point
-// when each call starts (fastdeploy_cpu::quantize_rows_u8, w8a8.cc). oneDNN sums u8 x s8 in int32
-// (exact: a row's result is the same whatever M is, so no M = 1 special case is needed) straight
-// into the output buffer, which w8a8_epilogue then turns into fp32 in place.
+// int8 weights [K, N] with scales per (group of K rows, column); activations quantized per row and
+// group to u8 with a zero point when each call starts (fastdeploy_cpu::quantize_rows_u8, w8a8.cc).
+// oneDNN sums each group's u8 x s8 products in int32 as one matmul batched over the groups (exact:
+// a row's result is the same whatever M is, so no M = 1 special case is needed); w8a8_epilogue
+// then scales and adds the groups into fp32.
 
-// weight int8 [K, N] -> packed bytes for fd_w8a8_linear.
-std::vector<paddle::Tensor> W8A8Pack(const paddle::Tensor& weight) {
+// weight int8 [K, N] -> packed bytes for fd_w8a8_linear: [G, group, N] with K zero-padded to G * group.
+std::vector<paddle::Tensor> W8A8Pack(const paddle::Tensor& weight, int64_t group) {
   fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
   fastdeploy_cpu::check_dtype(weight, paddle::DataType::INT8, "weight");
   PD_CHECK(weight.shape().size() == 2, "fd_w8a8_pack: weight must be [K, N].");
   const int64_t k = weight.shape()[0], n = weight.shape()[1];
-  memory::desc packed_md = packed_weight_desc(k, n, dt::s8);
+  PD_CHECK(group > 0 && group <= std::max<int64_t>(k, 1), "fd_w8a8_pack: group must be in 1..K.");
+  const int64_t groups = fastdeploy_cpu::w8a8_groups(k, group);
+  std::vector<int8_t> padded(groups * group * n, 0);
+  std::copy(weight.data<int8_t>(), weight.data<int8_t>() + k * n, padded.begin());
+  memory::desc packed_md = w8a8_weight_desc(groups, group, n);
   auto packed = paddle::empty({static_cast<int64_t>(packed_md.get_size())}, paddle::DataType::UINT8, weight.place());
-  memory src(memory::desc({k, n}, dt::s8, tag::ab), cpu_engine(), const_cast<int8_t*>(weight.data<int8_t>()));
+  memory src(memory::desc({groups, group, n}, dt::s8, tag::abc), cpu_engine(), padded.data());
   memory dst(packed_md, cpu_engine(), packed.data());
   dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
   cpu_stream().wait();
   return {packed};
 }
 
-// x [..., K] float32, packed int8 weight, wscale [N] float32, wsum [N] int32 (the weight's column
-// sums), optional bias [N] -> [..., N] float32.
+// x [..., K] float32, packed int8 weight, wscale [G, N] float32, wsum [G, N] int32 (each group's
+// column sums), optional bias [N] -> [..., N] float32.
 std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Tensor& packed,
                                        const paddle::Tensor& wscale, const paddle::Tensor& wsum,
-                                       const paddle::optional<paddle::Tensor>& bias, int64_t n) {
+                                       const paddle::optional<paddle::Tensor>& bias, int64_t n, int64_t group) {
   fastdeploy_cpu::check_cpu_contiguous(x, "x");
   fastdeploy_cpu::check_cpu_contiguous(packed, "packed");
   fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
@@ -372,43 +403,55 @@ std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Te
   PD_CHECK(!shape.empty(), "fd_w8a8_linear: x must have at least one dimension.");
   const int64_t k = shape.back();
   const int64_t m = k ? x.numel() / k : 0;
-  PD_CHECK(packed.numel() == static_cast<int64_t>(packed_weight_desc(k, n, dt::s8).get_size()),
-           "fd_w8a8_linear: the packed weight does not match [K, N].");
-  fastdeploy_cpu::check_w8a8_operands(wscale, wsum, bias, n, "fd_w8a8_linear");
+  fastdeploy_cpu::check_w8a8_operands(wscale, wsum, bias, k, n, group, "fd_w8a8_linear");
+  const int64_t groups = fastdeploy_cpu::w8a8_groups(k, group);
+  PD_CHECK(packed.numel() == static_cast<int64_t>(w8a8_weight_desc(groups, group, n).get_size()),
+           "fd_w8a8_linear: the packed weight does not match [K, N] in groups of `group`.");
   std::vector<int64_t> out_shape(shape.begin(), shape.end());
   out_shape.back() = n;
   auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
   if (m == 0) return {out};
+  // One group: all rows at once, the sums straight into the output. Several: chunks of rows whose
+  // [G, rows, N] int32 sums stay near kW8A8SumsPerChunk elements, read back while still cached.
+  constexpr int64_t kW8A8SumsPerChunk = int64_t(1) << 20;
+  const int64_t chunk = groups == 1 ? m : std::clamp<int64_t>(kW8A8SumsPerChunk / (groups * n), 1, m);
   // Per-thread scratch that only grows: no allocation per call once the longest prefill has run.
   thread_local std::vector<uint8_t> q;
   thread_local std::vector<float> xscale;
-  thread_local std::vector<int32_t> xzero;
-  if (static_cast<int64_t>(q.size()) < m * k) q.resize(m * k);
-  if (static_cast<int64_t>(xscale.size()) < m) xscale.resize(m), xzero.resize(m);
-  fastdeploy_cpu::quantize_rows_u8(x.data<float>(), m, k, q.data(), xscale.data(), xzero.data());
-  CachedMatmul mm = matmul_cache().get({m, k, n, static_cast<int>(dt::s8), false, omp_get_max_threads()});
+  thread_local std::vector<int32_t> xzero, sums;
+  if (static_cast<int64_t>(q.size()) < groups * chunk * group) q.resize(groups * chunk * group);
+  if (static_cast<int64_t>(xscale.size()) < chunk * groups) xscale.resize(chunk * groups), xzero.resize(chunk * groups);
+  if (groups > 1 && static_cast<int64_t>(sums.size()) < groups * chunk * n) sums.resize(groups * chunk * n);
   auto& eng = cpu_engine();
-  float* dst = out.data<float>();
-  memory src_m(mm.src, eng, q.data());
-  memory w_m(mm.weights, eng, const_cast<void*>(packed.data()));
-  memory dst_m(mm.dst, eng, dst);  // int32 sums, converted in place below
-  mm.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DST, dst_m}});
-  cpu_stream().wait();
-  fastdeploy_cpu::w8a8_epilogue(reinterpret_cast<const int32_t*>(dst), m, n, xscale.data(), xzero.data(),
-                                wscale.data<float>(), wsum.data<int32_t>(),
-                                bias.is_initialized() ? bias->data<float>() : nullptr, dst);
+  for (int64_t r0 = 0; r0 < m; r0 += chunk) {
+    const int64_t rows = std::min(chunk, m - r0);
+    float* o = out.data<float>() + r0 * n;
+    fastdeploy_cpu::quantize_rows_u8(x.data<float>() + r0 * k, rows, k, group, q.data(), xscale.data(), xzero.data());
+    CachedMatmul mm = matmul_cache().get({rows, group, n, static_cast<int>(dt::s8), false, omp_get_max_threads(), 0,
+                                          groups});
+    void* acc = groups == 1 ? static_cast<void*>(o) : static_cast<void*>(sums.data());
+    memory src_m(mm.src, eng, q.data());
+    memory w_m(mm.weights, eng, const_cast<void*>(packed.data()));
+    memory dst_m(mm.dst, eng, acc);
+    mm.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DST, dst_m}});
+    cpu_stream().wait();
+    fastdeploy_cpu::w8a8_epilogue(static_cast<const int32_t*>(acc), rows, n, groups, xscale.data(), xzero.data(),
+                                  wscale.data<float>(), wsum.data<int32_t>(),
+                                  bias.is_initialized() ? bias->data<float>() : nullptr, o);
+  }
   return {out};
 }
 
 PD_BUILD_OP(fd_w8a8_pack)
     .Inputs({"weight"})
     .Outputs({"packed"})
+    .Attrs({"group: int64_t"})
     .SetKernelFn(PD_KERNEL(W8A8Pack));
 
 PD_BUILD_OP(fd_w8a8_linear)
     .Inputs({"x", "packed", "wscale", "wsum", paddle::Optional("bias")})
     .Outputs({"out"})
-    .Attrs({"n: int64_t"})
+    .Attrs({"n: int64_t", "group: int64_t"})
     .SetKernelFn(PD_KERNEL(W8A8Linear));
 
 // ------------------------------------------------- weight-only int8 / int4 (oneDNN weight decompression)

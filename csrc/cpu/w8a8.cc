@@ -2,14 +2,21 @@
 // with, the integer-sums-to-fp32 epilogue, and the portable matmul (FD_CPU_INT_KERNEL=scalar, or a
 // build without oneDNN). The oneDNN matmul between them is in linear.cc (fd_w8a8_linear).
 //
-// Activations are asymmetric u8 per row (token): with lo = min(min x, 0), hi = max(max x, 0),
+// K is cut into G = ceil(K / group) groups of `group` columns (the last one may be part-filled).
+// Each token's group is quantized to asymmetric u8 on its own: with lo = min(min x, 0),
+// hi = max(max x, 0) over the group,
 //   s = (hi - lo) / 255,  z = round(-lo / s) in 0..255,  q = clamp(round(x / s) + z, 0, 255),
-// so x ~ s (q - z). Against symmetric int8 (s = max|x| / 127) a row whose values are lopsided
-// (a few large outliers of one sign, as the inputs of down_proj have) keeps about twice the
-// resolution. With int8 weights w ~ ws[c] qw[k, c] per output column c,
-//   y[r, c] = s[r] ws[c] (sum_k q[r, k] qw[k, c] - z[r] wsum[c]),  wsum[c] = sum_k qw[k, c],
-// where the bracket is exact in int32 (|.| <= 255 * 127 * K, K < 66000), so a row's result does not
-// depend on the other rows of the batch. The column sums are computed once at load.
+// so x ~ s (q - z). A few large outliers (the SwiGLU outputs down_proj reads) then coarsen only
+// their own group, not the whole row; against one scale per row this halves SmolLM2-135M's
+// perplexity loss. The int8 weights have a scale per (group, output column): w ~ ws[g, c] qw[k, c],
+//   y[r, c] = sum_g s[r, g] ws[g, c] (sum_{k in g} q[r, k] qw[k, c] - z[r, g] wsum[g, c]),
+// wsum[g, c] = sum_{k in g} qw[k, c] (computed at load). Each bracket is exact in int32
+// (|.| <= 255 * 127 * group) and the groups are added in a fixed order, so a row's result does not
+// depend on the other rows of the batch.
+//
+// Layouts: the quantized activations are [G, M, group] (the batched matmul's source; the columns
+// past K of the last group hold its zero point, which the zero-padded weights ignore), their
+// scales and zero points [M, G], the int32 sums [G, M, N].
 //
 // Plain C++ that GCC vectorizes with -O3 -march=native (the extension is built where it runs).
 #include <omp.h>
@@ -23,81 +30,111 @@
 
 namespace fastdeploy_cpu {
 
-void quantize_rows_u8(const float* x, int64_t m, int64_t k, uint8_t* q, float* scale, int32_t* zero) {
+int64_t w8a8_groups(int64_t k, int64_t group) { return group > 0 ? (k + group - 1) / group : 0; }
+
+void quantize_rows_u8(const float* x, int64_t m, int64_t k, int64_t group, uint8_t* q, float* scale,
+                      int32_t* zero) {
+  const int64_t groups = w8a8_groups(k, group);
 #pragma omp parallel for schedule(static) if (m >= 16)
   for (int64_t r = 0; r < m; ++r) {
-    const float* row = x + r * k;
-    uint8_t* out = q + r * k;
-    float lo = 0.0f, hi = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = g * group, len = std::min(group, k - begin);
+      const float* in = x + r * k + begin;
+      uint8_t* out = q + (g * m + r) * group;
+      float lo = 0.0f, hi = 0.0f;
 #pragma omp simd reduction(min : lo) reduction(max : hi)
-    for (int64_t i = 0; i < k; ++i) {
-      lo = row[i] < lo ? row[i] : lo;
-      hi = row[i] > hi ? row[i] : hi;
-    }
-    const float s = (hi - lo) / 255.0f;
-    const float inv = s != 0.0f ? 1.0f / s : 0.0f;
-    const float zf = std::nearbyint(-lo * inv);
-    // -lo * inv is in [0, 255] up to rounding; the clamp keeps z a valid u8 whatever the rounding did.
-    const int32_t z = static_cast<int32_t>(zf < 0.0f ? 0.0f : (zf > 255.0f ? 255.0f : zf));
-    const float zq = static_cast<float>(z);
-    // In fp32 before the conversion: round(x / s) + z is an integer below 2^24, so the sum is exact
-    // and the clamp is the same as in integers; GCC vectorizes this form (not the int32 one).
+      for (int64_t i = 0; i < len; ++i) {
+        lo = in[i] < lo ? in[i] : lo;
+        hi = in[i] > hi ? in[i] : hi;
+      }
+      const float s = (hi - lo) / 255.0f;
+      const float inv = s != 0.0f ? 1.0f / s : 0.0f;
+      const float zf = std::nearbyint(-lo * inv);
+      // -lo * inv is in [0, 255] up to rounding; the clamp keeps z a valid u8 whatever the rounding did.
+      const int32_t z = static_cast<int32_t>(zf < 0.0f ? 0.0f : (zf > 255.0f ? 255.0f : zf));
+      const float zq = static_cast<float>(z);
+      // In fp32 before the conversion: round(x / s) + z is an integer below 2^24, so the sum is exact
+      // and the clamp is the same as in integers; GCC vectorizes this form (not the int32 one).
 #pragma omp simd
-    for (int64_t i = 0; i < k; ++i) {
-      float v = std::nearbyint(row[i] * inv) + zq;
-      v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
-      out[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
+      for (int64_t i = 0; i < len; ++i) {
+        float v = std::nearbyint(in[i] * inv) + zq;
+        v = v < 0.0f ? 0.0f : (v > 255.0f ? 255.0f : v);
+        out[i] = static_cast<uint8_t>(static_cast<int32_t>(v));
+      }
+      std::fill(out + len, out + group, static_cast<uint8_t>(z));  // x = 0 there
+      scale[r * groups + g] = s;
+      zero[r * groups + g] = z;
     }
-    scale[r] = s;
-    zero[r] = z;
   }
 }
 
-void w8a8_epilogue(const int32_t* acc, int64_t m, int64_t n, const float* xscale, const int32_t* xzero,
-                   const float* wscale, const int32_t* wsum, const float* bias, float* out) {
+void w8a8_epilogue(const int32_t* acc, int64_t m, int64_t n, int64_t groups, const float* xscale,
+                   const int32_t* xzero, const float* wscale, const int32_t* wsum, const float* bias, float* out) {
+  // Blocks of columns whose sums over the groups stay in registers: each group's int32 sums are read
+  // once and the output written once, whatever G is.
+  constexpr int64_t kBlock = 64;
 #pragma omp parallel for schedule(static) if (m >= 16)
   for (int64_t r = 0; r < m; ++r) {
-    const int32_t* a = acc + r * n;
-    float* o = out + r * n;
-    const float s = xscale[r];
-    const int32_t z = xzero[r];
-    // `acc` may be `out` itself (oneDNN writes the int32 sums into the output buffer): element c is
-    // read before it is written, and no other element is touched in between.
-    if (bias != nullptr) {
+    const float* xs = xscale + r * groups;
+    const int32_t* xz = xzero + r * groups;
+    for (int64_t c0 = 0; c0 < n; c0 += kBlock) {
+      const int64_t len = std::min(kBlock, n - c0);
+      float sum[kBlock];
 #pragma omp simd
-      for (int64_t c = 0; c < n; ++c) o[c] = static_cast<float>(a[c] - z * wsum[c]) * (s * wscale[c]) + bias[c];
-    } else {
+      for (int64_t c = 0; c < kBlock; ++c) sum[c] = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int32_t* a = acc + (g * m + r) * n + c0;
+        const float* ws = wscale + g * n + c0;
+        const int32_t* wz = wsum + g * n + c0;
+        const float s = xs[g];
+        const int32_t z = xz[g];
 #pragma omp simd
-      for (int64_t c = 0; c < n; ++c) o[c] = static_cast<float>(a[c] - z * wsum[c]) * (s * wscale[c]);
+        for (int64_t c = 0; c < len; ++c) sum[c] += static_cast<float>(a[c] - z * wz[c]) * (s * ws[c]);
+      }
+      // With one group `acc` may be `out` itself (oneDNN writes the int32 sums into the output
+      // buffer): this block's sums were all read above, and no other block is touched.
+      float* o = out + r * n + c0;
+      if (bias != nullptr) {
+#pragma omp simd
+        for (int64_t c = 0; c < len; ++c) o[c] = sum[c] + bias[c0 + c];
+      } else {
+#pragma omp simd
+        for (int64_t c = 0; c < len; ++c) o[c] = sum[c];
+      }
     }
   }
 }
 
 void w8a8_gemm_portable(const uint8_t* q, const float* xscale, const int32_t* xzero, int64_t m, int64_t k,
-                        const int8_t* w_nk, const float* wscale, const int32_t* wsum, const float* bias, int64_t n,
-                        float* out) {
-  std::vector<int32_t> acc(m * n);
+                        int64_t group, const int8_t* w_nk, const float* wscale, const int32_t* wsum,
+                        const float* bias, int64_t n, float* out) {
+  const int64_t groups = w8a8_groups(k, group);
+  std::vector<int32_t> acc(groups * m * n);
 #pragma omp parallel for schedule(static) if (m * n >= 4096)
   for (int64_t c = 0; c < n; ++c) {
-    const int8_t* wc = w_nk + c * k;
-    for (int64_t r = 0; r < m; ++r) {
-      const uint8_t* xr = q + r * k;
-      int32_t sum = 0;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t begin = g * group, len = std::min(group, k - begin);
+      const int8_t* wc = w_nk + c * k + begin;
+      for (int64_t r = 0; r < m; ++r) {
+        const uint8_t* xr = q + (g * m + r) * group;
+        int32_t sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < k; ++i) sum += static_cast<int32_t>(xr[i]) * static_cast<int32_t>(wc[i]);
-      acc[r * n + c] = sum;
+        for (int64_t i = 0; i < len; ++i) sum += static_cast<int32_t>(xr[i]) * static_cast<int32_t>(wc[i]);
+        acc[(g * m + r) * n + c] = sum;
+      }
     }
   }
-  w8a8_epilogue(acc.data(), m, n, xscale, xzero, wscale, wsum, bias, out);
+  w8a8_epilogue(acc.data(), m, n, groups, xscale, xzero, wscale, wsum, bias, out);
 }
 
 }  // namespace fastdeploy_cpu
 
-// The portable W8A8 path: x [..., K] float32, weight int8 [N, K], wscale [N] float32, wsum [N] int32
-// (sum over K of each weight row), optional bias [N] -> [..., N] float32.
+// The portable W8A8 path: x [..., K] float32, weight int8 [N, K], wscale [G, N] float32, wsum [G, N]
+// int32 (each group's sums over its K rows), optional bias [N] -> [..., N] float32, with
+// G = ceil(K / group).
 std::vector<paddle::Tensor> W8A8LinearPortable(const paddle::Tensor& x, const paddle::Tensor& weight,
                                                const paddle::Tensor& wscale, const paddle::Tensor& wsum,
-                                               const paddle::optional<paddle::Tensor>& bias) {
+                                               const paddle::optional<paddle::Tensor>& bias, int64_t group) {
   fastdeploy_cpu::check_cpu_contiguous(x, "x");
   fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
   fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
@@ -108,16 +145,17 @@ std::vector<paddle::Tensor> W8A8LinearPortable(const paddle::Tensor& x, const pa
            "fd_w8a8_linear_portable: weight must be [N, K].");
   const int64_t k = shape.back(), n = weight.shape()[0];
   const int64_t m = k ? x.numel() / k : 0;
-  fastdeploy_cpu::check_w8a8_operands(wscale, wsum, bias, n, "fd_w8a8_linear_portable");
+  fastdeploy_cpu::check_w8a8_operands(wscale, wsum, bias, k, n, group, "fd_w8a8_linear_portable");
   std::vector<int64_t> out_shape(shape.begin(), shape.end());
   out_shape.back() = n;
   auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
   if (m == 0) return {out};
-  std::vector<uint8_t> q(m * k);
-  std::vector<float> xs(m);
-  std::vector<int32_t> xz(m);
-  fastdeploy_cpu::quantize_rows_u8(x.data<float>(), m, k, q.data(), xs.data(), xz.data());
-  fastdeploy_cpu::w8a8_gemm_portable(q.data(), xs.data(), xz.data(), m, k, weight.data<int8_t>(),
+  const int64_t groups = fastdeploy_cpu::w8a8_groups(k, group);
+  std::vector<uint8_t> q(groups * m * group);
+  std::vector<float> xs(m * groups);
+  std::vector<int32_t> xz(m * groups);
+  fastdeploy_cpu::quantize_rows_u8(x.data<float>(), m, k, group, q.data(), xs.data(), xz.data());
+  fastdeploy_cpu::w8a8_gemm_portable(q.data(), xs.data(), xz.data(), m, k, group, weight.data<int8_t>(),
                                      wscale.data<float>(), wsum.data<int32_t>(),
                                      bias.is_initialized() ? bias->data<float>() : nullptr, n, out.data<float>());
   return {out};
@@ -126,19 +164,23 @@ std::vector<paddle::Tensor> W8A8LinearPortable(const paddle::Tensor& x, const pa
 PD_BUILD_OP(fd_w8a8_linear_portable)
     .Inputs({"x", "weight", "wscale", "wsum", paddle::Optional("bias")})
     .Outputs({"out"})
+    .Attrs({"group: int64_t"})
     .SetKernelFn(PD_KERNEL(W8A8LinearPortable));
 
 namespace fastdeploy_cpu {
 
 void check_w8a8_operands(const paddle::Tensor& wscale, const paddle::Tensor& wsum,
-                         const paddle::optional<paddle::Tensor>& bias, int64_t n, const char* op) {
+                         const paddle::optional<paddle::Tensor>& bias, int64_t k, int64_t n, int64_t group,
+                         const char* op) {
   const std::string name(op);
+  PD_CHECK(group > 0 && group <= std::max<int64_t>(k, 1), name + ": group must be in 1..K.");
+  const int64_t groups = w8a8_groups(k, group);
   check_cpu_contiguous(wscale, "wscale");
   check_cpu_contiguous(wsum, "wsum");
   check_dtype(wscale, paddle::DataType::FLOAT32, "wscale");
   check_dtype(wsum, paddle::DataType::INT32, "wsum");
-  PD_CHECK(wscale.numel() == n, name + ": wscale must have N elements.");
-  PD_CHECK(wsum.numel() == n, name + ": wsum must have N elements.");
+  PD_CHECK(wscale.numel() == groups * n, name + ": wscale must have G * N elements (G = ceil(K / group)).");
+  PD_CHECK(wsum.numel() == groups * n, name + ": wsum must have G * N elements (G = ceil(K / group)).");
   if (bias.is_initialized()) {
     check_cpu_contiguous(*bias, "bias");
     check_dtype(*bias, paddle::DataType::FLOAT32, "bias");

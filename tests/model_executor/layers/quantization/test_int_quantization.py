@@ -1,6 +1,7 @@
 """--quantization wint8 / wint4 / w8a8 on a Hugging Face checkpoint: registry, load-time quantization, refusals."""
 
 import numpy as np
+import paddle
 import pytest
 
 from fastdeploy.model_executor.layers import quantization
@@ -49,6 +50,45 @@ def test_a_checkpoint_quantized_at_load_is_close_to_fp32(tiny_llama, method):
     got = prefill_logits(model, prompt)
     err = np.abs(got - ref).max() / (ref.max() - ref.min())
     assert 0 < err < TOLERANCE[method], err
+
+
+@pytest.mark.parametrize("path", ["onednn", "scalar"])
+def test_a_w8a8_layer_scales_each_group_of_its_input_features(path):
+    """K = 200 in groups of at most 64 (4 x 64, the last one part-filled): a weight column whose first group is 100x the rest
+    keeps the rest's precision (per-group weight scales), and the output is x @ dense_weight up to the
+    activations' rounding, also for a row with an outlier."""
+    from fastdeploy.model_executor.layers.quantization.w8a8 import w8a8_group
+
+    rng = np.random.default_rng(1)
+    k, n = 200, 24
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    w[:64] *= 100
+    layer = RowParallelLinear(k, n, bias=True, quant_config=W8A8Config())
+    object.__setattr__(layer, "quant_method", W8A8LinearMethod(path, 127, max_group=64))
+    layer.weight.set_value(w)
+    layer.bias.set_value(rng.standard_normal(n).astype(np.float32))
+    layer.process_weights_after_loading("float32")
+    assert w8a8_group(k, 64) == 64 and layer.weight_scale.shape == [4, n] and layer.weight_sum.shape == [4, n]
+    dense = layer.dense_weight().numpy()
+    # Rounding to half a step of each group's own scale: the small groups are not coarsened by the big one.
+    assert np.all(np.abs(dense[64:] - w[64:]) <= np.abs(w[64:]).max(0) / 127 / 2 * 1.0001)
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    x[3, 150] = 50.0
+    got = layer(paddle.to_tensor(x)).numpy()
+    want = x @ dense + layer.bias.numpy()
+    # Each activation rounds by at most half its group's step (hi - lo) / 255: the bound per output (row 3's
+    # outlier at column 150 widens only the step of columns 128..191; one scale per row would break it).
+    bound = sum((np.maximum(x[:, i : i + 64].max(1), 0) - np.minimum(x[:, i : i + 64].min(1), 0))[:, None] / 510
+                * np.abs(dense[i : i + 64]).sum(0) for i in range(0, k, 64))
+    assert np.all(np.abs(got - want) <= bound * 1.001 + 1e-4)
+
+
+def test_w8a8_splits_k_evenly_into_groups_of_at_most_256():
+    from fastdeploy.model_executor.layers.quantization.w8a8 import w8a8_group
+
+    # SmolLM2-135M's 576 and 1536, a K under one group, Qwen2.5-0.5B's 896 and 4864, Llama's 4096 / 11008.
+    assert [w8a8_group(k) for k in (576, 1536, 200, 896, 4864, 4096, 11008)] == [192, 256, 200, 224, 256, 256, 256]
+    assert w8a8_group(257) == 160 and w8a8_group(11008) * 43 == 11008
 
 
 @pytest.mark.parametrize("method", METHODS)
