@@ -9,7 +9,7 @@ the group's min/max, widened to hold 0); the weights are symmetric int8 per (gro
 column), and ``y = sum_g s_g * ws_g * (q_g @ qw_g - z_g * sum_k qw_g)`` with each group's column sums
 computed at load (``csrc/cpu/w8a8.cc``). One scale per whole row let the SwiGLU outliers that
 down_proj reads coarsen every other value of the row: on SmolLM2-135M that cost +1.4% perplexity
-against bf16, groups of at most 256 bring it to +0.2% (README). The matmul is oneDNN's u8 x s8 matmul
+against bf16, groups of at most 768 columns bring it to +0.6% (README). The matmul is oneDNN's u8 x s8 matmul
 batched over the groups (``csrc/cpu/linear.cc``: VNNI ``vpdpbusd`` where the CPU has it, else AVX2
 ``vpmaddubsw``, with int32 sums), or portable C++ under ``FD_CPU_INT_KERNEL=scalar``. Without VNNI
 the weights keep 7 bits (the platform's ``w8a8_weight_max``): ``vpmaddubsw`` adds pairs of u8 x s8
@@ -38,13 +38,14 @@ from fastdeploy.model_executor.layers.quantization.int_kernels import quantize_i
 from fastdeploy.model_executor.layers.quantization.weight_only import is_quantized_layer, refuse_gguf
 
 # The most columns of K per activation / weight scale. A layer's K is split evenly into that many
-# groups (rounded up to W8A8_GROUP_ALIGN columns): SmolLM2-135M's 576 into 3 x 192, 1536 into
-# 6 x 256, so no padding is multiplied. Measured on it with benchmarks/benchmark_perplexity.py
-# (perplexity vs bf16, 8,176 ShareGPT tokens): one group +1.42%, groups of 128 +0.31%, this split
-# +0.20%; at one thread this split's ops cost about a third of what groups of 128 add over one group
-# (each group's int32 sums are written and scaled separately). 256 also keeps each group's integer
-# bracket exact in fp32 (255 * 127 * 256 < 2^24).
-W8A8_MAX_GROUP = 256
+# groups (rounded up to W8A8_GROUP_ALIGN columns): SmolLM2-135M's 576 stays one group, its 1536
+# (down_proj, whose SwiGLU inputs carry the outliers) becomes 2 x 768. Measured on it with
+# benchmarks/benchmark_perplexity.py (perplexity vs bf16, 8,176 ShareGPT tokens): one group +1.42%,
+# at most 768 +0.61%, 512 +0.67%, 256 +0.20%, 128 +0.31%. Each group's int32 sums are written and
+# scaled separately, which prefill pays for: at one thread (benchmark_kernels.py --child, two
+# interleaved runs) a 256-token prefill is 1.24-1.27x faster than bf16 with this split against
+# 1.27-1.34x with one group and 1.09-1.14x with groups of 256.
+W8A8_MAX_GROUP = 768
 W8A8_GROUP_ALIGN = 32
 
 

@@ -83,12 +83,12 @@ def test_a_w8a8_layer_scales_each_group_of_its_input_features(path):
     assert np.all(np.abs(got - want) <= bound * 1.001 + 1e-4)
 
 
-def test_w8a8_splits_k_evenly_into_groups_of_at_most_256():
+def test_w8a8_splits_k_evenly_into_groups_of_at_most_768():
     from fastdeploy.model_executor.layers.quantization.w8a8 import w8a8_group
 
     # SmolLM2-135M's 576 and 1536, a K under one group, Qwen2.5-0.5B's 896 and 4864, Llama's 4096 / 11008.
-    assert [w8a8_group(k) for k in (576, 1536, 200, 896, 4864, 4096, 11008)] == [192, 256, 200, 224, 256, 256, 256]
-    assert w8a8_group(257) == 160 and w8a8_group(11008) * 43 == 11008
+    assert [w8a8_group(k) for k in (576, 1536, 200, 896, 4864, 4096, 11008)] == [576, 768, 200, 448, 704, 704, 736]
+    assert w8a8_group(769) == 416 and w8a8_group(12288) * 16 == 12288
 
 
 @pytest.mark.parametrize("method", METHODS)
