@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "paddle/extension.h"
 
@@ -79,5 +80,33 @@ inline void check_dtype(const paddle::Tensor& t, paddle::DataType dtype, const c
 
 // KV caches are float32 or bfloat16; kernels template on the element type.
 inline bool is_bf16(const paddle::Tensor& t) { return t.dtype() == paddle::DataType::BFLOAT16; }
+
+// The rows of a linear-style op's input x [..., K] (float32, contiguous, at least one dimension).
+struct LinearRows {
+  int64_t m, k;
+};
+inline LinearRows check_linear_x(const paddle::Tensor& x, const std::string& op) {
+  check_cpu_contiguous(x, "x");
+  check_dtype(x, paddle::DataType::FLOAT32, "x");
+  PD_CHECK(!x.shape().empty(), op + ": x must have at least one dimension.");
+  const int64_t k = x.shape().back();
+  return {k ? x.numel() / k : 0, k};
+}
+
+// The [..., N] float32 output of a linear-style op on x [..., K].
+inline paddle::Tensor linear_output(const paddle::Tensor& x, int64_t n) {
+  std::vector<int64_t> shape = x.shape();  // a copy: shape() returns by value
+  shape.back() = n;
+  return paddle::empty(shape, paddle::DataType::FLOAT32, x.place());
+}
+
+// An optional bias [N] float32: its data, or nullptr without one.
+inline const float* optional_bias(const paddle::optional<paddle::Tensor>& bias, int64_t n, const std::string& op) {
+  if (!bias.is_initialized()) return nullptr;
+  check_cpu_contiguous(*bias, "bias");
+  check_dtype(*bias, paddle::DataType::FLOAT32, "bias");
+  PD_CHECK(bias->numel() == n, op + ": bias must have N elements.");
+  return bias->data<float>();
+}
 
 }  // namespace fastdeploy_cpu

@@ -318,31 +318,19 @@ void fp8_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t gr
 std::vector<paddle::Tensor> Fp8Linear(const paddle::Tensor& x, const paddle::Tensor& qweight,
                                       const paddle::Tensor& scales, const paddle::optional<paddle::Tensor>& bias,
                                       int64_t n, int64_t group, int isa) {
-  fastdeploy_cpu::check_cpu_contiguous(x, "x");
   fastdeploy_cpu::check_cpu_contiguous(qweight, "qweight");
   fastdeploy_cpu::check_cpu_contiguous(scales, "scales");
-  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
   fastdeploy_cpu::check_dtype(qweight, paddle::DataType::UINT8, "qweight");
   fastdeploy_cpu::check_dtype(scales, paddle::DataType::FLOAT32, "scales");
-  const auto& shape = x.shape();
-  PD_CHECK(!shape.empty(), "fd_fp8_linear: x must have at least one dimension.");
-  const int64_t k = shape.back();
-  const int64_t m = k ? x.numel() / k : 0;
+  const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_fp8_linear");
   PD_CHECK(group > 0 && group % 2 == 0, "fd_fp8_linear: group must be even and positive.");
   const int64_t panels = (n + 15) / 16, kh = (k + 1) / 2;
   const int64_t groups = (kh + group / 2 - 1) / (group / 2);
   PD_CHECK(qweight.numel() == panels * kh * 32,
            "fd_fp8_linear: qweight does not match [K, N] = [" + std::to_string(k) + ", " + std::to_string(n) + "].");
   PD_CHECK(scales.numel() == panels * groups * 16, "fd_fp8_linear: scales have the wrong size.");
-  const float* bias_data = nullptr;
-  if (bias.is_initialized()) {
-    fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
-    PD_CHECK(bias->numel() == n, "fd_fp8_linear: bias must have N elements.");
-    bias_data = bias->data<float>();
-  }
-  std::vector<int64_t> out_shape(shape.begin(), shape.end());
-  out_shape.back() = n;
-  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  const float* bias_data = fastdeploy_cpu::optional_bias(bias, n, "fd_fp8_linear");
+  auto out = fastdeploy_cpu::linear_output(x, n);
   fastdeploy_cpu::fp8_gemm(x.data<float>(), m, k, qweight.data<uint8_t>(), group, scales.data<float>(), bias_data, n,
                            isa, out.data<float>());
   return {out};

@@ -731,24 +731,12 @@ int64_t check_segments(const std::vector<int64_t>& segments, int64_t k, int64_t 
 std::vector<paddle::Tensor> GgufLinear(const paddle::Tensor& x, const paddle::Tensor& weight,
                                        const paddle::optional<paddle::Tensor>& bias,
                                        const std::vector<int64_t>& segments, int isa) {
-  fastdeploy_cpu::check_cpu_contiguous(x, "x");
   fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
-  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
   fastdeploy_cpu::check_dtype(weight, paddle::DataType::UINT8, "weight");
-  const auto& shape = x.shape();
-  PD_CHECK(!shape.empty(), "fd_gguf_linear: x must have at least one dimension.");
-  const int64_t k = shape.back();
-  const int64_t m = k ? x.numel() / k : 0;
+  const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_gguf_linear");
   const int64_t n = check_segments(segments, k, weight.numel(), true, "fd_gguf_linear");
-  std::vector<int64_t> out_shape(shape.begin(), shape.end());
-  out_shape.back() = n;
-  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
-  const float* bias_data = nullptr;
-  if (bias.is_initialized()) {
-    fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
-    PD_CHECK(bias->numel() == n, "fd_gguf_linear: bias must have N elements.");
-    bias_data = bias->data<float>();
-  }
+  auto out = fastdeploy_cpu::linear_output(x, n);
+  const float* bias_data = fastdeploy_cpu::optional_bias(bias, n, "fd_gguf_linear");
   fastdeploy_cpu::gguf_gemm(x.data<float>(), m, k, weight.data<uint8_t>(), segments.data(),
                             static_cast<int64_t>(segments.size() / 2), bias_data, n, isa, out.data<float>());
   return {out};

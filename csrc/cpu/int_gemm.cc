@@ -211,31 +211,15 @@ void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, 
 
 }  // namespace fastdeploy_cpu
 
-namespace {
-
-const float* optional_bias(const paddle::optional<paddle::Tensor>& bias, int64_t n, const char* op) {
-  if (!bias.is_initialized()) return nullptr;
-  fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
-  PD_CHECK(bias->numel() == n, std::string(op) + ": bias must have N elements.");
-  return bias->data<float>();
-}
-
-}  // namespace
-
 // x [..., K] float32, qweight uint8 (int_gemm_impl.h's layout), scales (and mins, int4) float32,
 // optional bias [N] -> [..., N] float32.
 std::vector<paddle::Tensor> IntLinear(const paddle::Tensor& x, const paddle::Tensor& qweight,
                                       const paddle::Tensor& scales, const paddle::optional<paddle::Tensor>& mins,
                                       const paddle::optional<paddle::Tensor>& bias, int64_t n, int bits,
                                       int64_t group, int isa) {
-  fastdeploy_cpu::check_cpu_contiguous(x, "x");
   fastdeploy_cpu::check_cpu_contiguous(qweight, "qweight");
   fastdeploy_cpu::check_cpu_contiguous(scales, "scales");
-  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
-  const auto& shape = x.shape();
-  PD_CHECK(!shape.empty(), "fd_int_linear: x must have at least one dimension.");
-  const int64_t k = shape.back();
-  const int64_t m = k ? x.numel() / k : 0;
+  const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_int_linear");
   PD_CHECK(bits == 8 || bits == 4, "fd_int_linear: bits must be 8 or 4.");
   PD_CHECK(bits == 8 || (k % 2 == 0 && group > 0 && group % 2 == 0), "fd_int_linear: int4 needs an even K and group.");
   PD_CHECK(qweight.numel() == fastdeploy_cpu::int_packed_bytes(bits, k, n),
@@ -249,11 +233,10 @@ std::vector<paddle::Tensor> IntLinear(const paddle::Tensor& x, const paddle::Ten
     fastdeploy_cpu::check_cpu_contiguous(*mins, "mins");
     mins_data = mins->data<float>();
   }
-  std::vector<int64_t> out_shape(shape.begin(), shape.end());
-  out_shape.back() = n;
-  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  auto out = fastdeploy_cpu::linear_output(x, n);
   fastdeploy_cpu::int_gemm(x.data<float>(), m, k, qweight.data<uint8_t>(), bits, group, scales.data<float>(),
-                           mins_data, optional_bias(bias, n, "fd_int_linear"), n, isa, out.data<float>());
+                           mins_data, fastdeploy_cpu::optional_bias(bias, n, "fd_int_linear"), n, isa,
+                           out.data<float>());
   return {out};
 }
 

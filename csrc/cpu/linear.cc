@@ -322,26 +322,14 @@ void linear_forward(const float* x, int64_t m, int64_t k, const void* packed, co
 // x [..., K] float32, packed weight from fd_linear_pack, optional bias [N] -> [..., N] float32.
 std::vector<paddle::Tensor> Linear(const paddle::Tensor& x, const paddle::Tensor& packed,
                                    const paddle::optional<paddle::Tensor>& bias, int64_t n, const std::string& dtype) {
-  fastdeploy_cpu::check_cpu_contiguous(x, "x");
-  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
-  const auto& shape = x.shape();
-  PD_CHECK(!shape.empty(), "fd_linear: x must have at least one dimension.");
-  const int64_t k = shape.back();
-  const int64_t m = k ? x.numel() / k : 0;
+  const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_linear");
   const bool bf16 = weight_type(dtype) == dt::bf16;
-  std::vector<int64_t> out_shape(shape.begin(), shape.end());
-  out_shape.back() = n;
-  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  auto out = fastdeploy_cpu::linear_output(x, n);
   if (m == 0) return {out};
   PD_CHECK(fastdeploy_cpu::linear_packed_size_ok(packed.numel(), k, n, bf16),
            "fd_linear: the packed weight does not match [K, N] = [" + std::to_string(k) + ", " + std::to_string(n) +
                "] in " + dtype + ".");
-  const float* bias_data = nullptr;
-  if (bias.is_initialized()) {
-    fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
-    PD_CHECK(bias->numel() == n, "fd_linear: bias must have N elements.");
-    bias_data = bias->data<float>();
-  }
+  const float* bias_data = fastdeploy_cpu::optional_bias(bias, n, "fd_linear");
   fastdeploy_cpu::linear_forward(x.data<float>(), m, k, packed.data(), bias_data, n, bf16, out.data<float>());
   return {out};
 }
@@ -396,20 +384,13 @@ std::vector<paddle::Tensor> W8A8Pack(const paddle::Tensor& weight, int64_t group
 std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Tensor& packed,
                                        const paddle::Tensor& wscale, const paddle::Tensor& wsum,
                                        const paddle::optional<paddle::Tensor>& bias, int64_t n, int64_t group) {
-  fastdeploy_cpu::check_cpu_contiguous(x, "x");
   fastdeploy_cpu::check_cpu_contiguous(packed, "packed");
-  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
-  const auto& shape = x.shape();
-  PD_CHECK(!shape.empty(), "fd_w8a8_linear: x must have at least one dimension.");
-  const int64_t k = shape.back();
-  const int64_t m = k ? x.numel() / k : 0;
+  const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_w8a8_linear");
   fastdeploy_cpu::check_w8a8_operands(wscale, wsum, bias, k, n, group, "fd_w8a8_linear");
   const int64_t groups = fastdeploy_cpu::w8a8_groups(k, group);
   PD_CHECK(packed.numel() == static_cast<int64_t>(w8a8_weight_desc(groups, group, n).get_size()),
            "fd_w8a8_linear: the packed weight does not match [K, N] in groups of `group`.");
-  std::vector<int64_t> out_shape(shape.begin(), shape.end());
-  out_shape.back() = n;
-  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  auto out = fastdeploy_cpu::linear_output(x, n);
   if (m == 0) return {out};
   // One group: all rows at once, the sums straight into the output. Several: chunks of rows whose
   // [G, rows, N] int32 sums stay near kW8A8SumsPerChunk elements, read back while still cached.
@@ -482,29 +463,17 @@ std::vector<paddle::Tensor> WeightOnlyLinear(const paddle::Tensor& x, const padd
                                              const paddle::Tensor& scales,
                                              const paddle::optional<paddle::Tensor>& bias, int64_t n,
                                              int64_t group) {
-  fastdeploy_cpu::check_cpu_contiguous(x, "x");
   fastdeploy_cpu::check_cpu_contiguous(scales, "scales");
-  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
   fastdeploy_cpu::check_dtype(scales, paddle::DataType::FLOAT32, "scales");
-  const auto& shape = x.shape();
-  PD_CHECK(!shape.empty(), "fd_weight_only_linear: x must have at least one dimension.");
-  const int64_t k = shape.back();
-  const int64_t m = k ? x.numel() / k : 0;
+  const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_weight_only_linear");
   PD_CHECK(group > 0 && k % group == 0, "fd_weight_only_linear: group must divide K.");
   PD_CHECK(packed.numel() == static_cast<int64_t>(packed_weight_desc(k, n, dt::s8, group).get_size()),
            "fd_weight_only_linear: the packed weight does not match [K, N] = [" + std::to_string(k) + ", " +
                std::to_string(n) + "].");
   PD_CHECK(scales.numel() == k / group * n, "fd_weight_only_linear: scales must be [K / group, N].");
-  std::vector<int64_t> out_shape(shape.begin(), shape.end());
-  out_shape.back() = n;
-  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  auto out = fastdeploy_cpu::linear_output(x, n);
   if (m == 0) return {out};
-  const float* bias_data = nullptr;
-  if (bias.is_initialized()) {
-    fastdeploy_cpu::check_cpu_contiguous(*bias, "bias");
-    PD_CHECK(bias->numel() == n, "fd_weight_only_linear: bias must have N elements.");
-    bias_data = bias->data<float>();
-  }
+  const float* bias_data = fastdeploy_cpu::optional_bias(bias, n, "fd_weight_only_linear");
   memory scale_m(memory::desc({k / group, n}, dt::f32, tag::ab), cpu_engine(),
                  const_cast<float*>(scales.data<float>()));
   fastdeploy_cpu::execute_rows({m, k, n, static_cast<int>(dt::s8), bias_data != nullptr, omp_get_max_threads(), group},

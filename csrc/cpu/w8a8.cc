@@ -135,20 +135,13 @@ void w8a8_gemm_portable(const uint8_t* q, const float* xscale, const int32_t* xz
 std::vector<paddle::Tensor> W8A8LinearPortable(const paddle::Tensor& x, const paddle::Tensor& weight,
                                                const paddle::Tensor& wscale, const paddle::Tensor& wsum,
                                                const paddle::optional<paddle::Tensor>& bias, int64_t group) {
-  fastdeploy_cpu::check_cpu_contiguous(x, "x");
   fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
-  fastdeploy_cpu::check_dtype(x, paddle::DataType::FLOAT32, "x");
   fastdeploy_cpu::check_dtype(weight, paddle::DataType::INT8, "weight");
-  const auto& shape = x.shape();
-  PD_CHECK(!shape.empty(), "fd_w8a8_linear_portable: x must have at least one dimension.");
-  PD_CHECK(weight.shape().size() == 2 && weight.shape()[1] == shape.back(),
-           "fd_w8a8_linear_portable: weight must be [N, K].");
-  const int64_t k = shape.back(), n = weight.shape()[0];
-  const int64_t m = k ? x.numel() / k : 0;
+  const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_w8a8_linear_portable");
+  PD_CHECK(weight.shape().size() == 2 && weight.shape()[1] == k, "fd_w8a8_linear_portable: weight must be [N, K].");
+  const int64_t n = weight.shape()[0];
   fastdeploy_cpu::check_w8a8_operands(wscale, wsum, bias, k, n, group, "fd_w8a8_linear_portable");
-  std::vector<int64_t> out_shape(shape.begin(), shape.end());
-  out_shape.back() = n;
-  auto out = paddle::empty(out_shape, paddle::DataType::FLOAT32, x.place());
+  auto out = fastdeploy_cpu::linear_output(x, n);
   if (m == 0) return {out};
   const int64_t groups = fastdeploy_cpu::w8a8_groups(k, group);
   std::vector<uint8_t> q(groups * m * group);
@@ -181,11 +174,7 @@ void check_w8a8_operands(const paddle::Tensor& wscale, const paddle::Tensor& wsu
   check_dtype(wsum, paddle::DataType::INT32, "wsum");
   PD_CHECK(wscale.numel() == groups * n, name + ": wscale must have G * N elements (G = ceil(K / group)).");
   PD_CHECK(wsum.numel() == groups * n, name + ": wsum must have G * N elements (G = ceil(K / group)).");
-  if (bias.is_initialized()) {
-    check_cpu_contiguous(*bias, "bias");
-    check_dtype(*bias, paddle::DataType::FLOAT32, "bias");
-    PD_CHECK(bias->numel() == n, name + ": bias must have N elements.");
-  }
+  optional_bias(bias, n, name);
 }
 
 }  // namespace fastdeploy_cpu
