@@ -134,10 +134,16 @@ def paged_attention(
     seq_lens: paddle.Tensor,
     num_heads: int,
     scale: float,
+    attn_isa: int,
 ) -> paddle.Tensor:
-    """Causal attention of the queries (first ``H * D`` columns of ``query``) over the paged cache -> ``[T, H * D]``."""
+    """Causal attention of the queries (first ``H * D`` columns of ``query``) over the paged cache -> ``[T, H * D]``.
+
+    ``attn_isa`` is the platform's path (:attr:`OpBackend.attn_isa`): 1 multiplies bf16 caches with
+    AVX512-BF16 dot products (queries and probabilities rounded to bf16), 0 widens them to fp32.
+    """
     return _run(
-        "fd_paged_attention", query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, num_heads, scale
+        "fd_paged_attention", query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, num_heads, scale,
+        attn_isa,
     )[0]
 
 

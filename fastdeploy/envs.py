@@ -13,6 +13,9 @@ FD_CPU_INT_KERNEL       the kernel path of the integer formats (--quantization w
                         "auto" (default: the best this CPU runs, onednn > avx512 > avx2 > scalar; onednn is
                         oneDNN's weight-decompression matmul on AVX512-BF16/AMX, for the weight-only formats)
                         or one of them by name; "scalar" also runs w8a8 in portable C++ instead of oneDNN. A path the CPU cannot run is refused.
+FD_CPU_ATTENTION_KERNEL the paged-attention path: "auto" (default: the best this CPU runs, avx512-bf16 > the
+                        build's fp32 path avx512 / avx2 / scalar) or one of them by name; avx512-bf16 multiplies bf16
+                        KV caches with bf16 dot products (fp32 caches always take the fp32 path).
 FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (default: its own cores when it has
                         fewer threads than there are cores, the API process keeps the rest), "nobind", or a core
                         list such as "1" or "2-3"; VLLM_CPU_OMP_THREADS_BIND too (fastdeploy/platforms/cpu_binding.py).
@@ -100,28 +103,32 @@ def cpu_kernels_enabled() -> bool:
     return _first("FD_CPU_KERNELS", default="1") not in ("0", "false", "False", "off")
 
 
+def _kernel_path(name: str, paths: tuple[str, ...]) -> str:
+    """A kernel-path variable: "auto" (the default) or one of ``paths``."""
+    value = _first(name, default="auto") or "auto"
+    if value not in ("auto", *paths):
+        raise ValueError(f"{name} must be auto, {', '.join(paths[:-1])} or {paths[-1]}, got {value!r}.")
+    return value
+
+
 def cpu_gguf_kernel() -> str:
     """FD_CPU_GGUF_KERNEL: the GGUF block-kernel path ("auto", "avx512-vnni", "avx2" or "scalar")."""
-    value = _first("FD_CPU_GGUF_KERNEL", default="auto") or "auto"
-    if value not in ("auto", "avx512-vnni", "avx2", "scalar"):
-        raise ValueError(f"FD_CPU_GGUF_KERNEL must be auto, avx512-vnni, avx2 or scalar, got {value!r}.")
-    return value
+    return _kernel_path("FD_CPU_GGUF_KERNEL", ("avx512-vnni", "avx2", "scalar"))
 
 
 def cpu_int_kernel() -> str:
     """FD_CPU_INT_KERNEL: the integer-format kernel path ("auto", "onednn", "avx512", "avx2" or "scalar")."""
-    value = _first("FD_CPU_INT_KERNEL", default="auto") or "auto"
-    if value not in ("auto", "onednn", "avx512", "avx2", "scalar"):
-        raise ValueError(f"FD_CPU_INT_KERNEL must be auto, onednn, avx512, avx2 or scalar, got {value!r}.")
-    return value
+    return _kernel_path("FD_CPU_INT_KERNEL", ("onednn", "avx512", "avx2", "scalar"))
 
 
 def cpu_fp8_kernel() -> str:
     """FD_CPU_FP8_KERNEL: the fp8-weight kernel path ("auto", "avx512-bf16", "avx512", "avx2" or "scalar")."""
-    value = _first("FD_CPU_FP8_KERNEL", default="auto") or "auto"
-    if value not in ("auto", "avx512-bf16", "avx512", "avx2", "scalar"):
-        raise ValueError(f"FD_CPU_FP8_KERNEL must be auto, avx512-bf16, avx512, avx2 or scalar, got {value!r}.")
-    return value
+    return _kernel_path("FD_CPU_FP8_KERNEL", ("avx512-bf16", "avx512", "avx2", "scalar"))
+
+
+def cpu_attention_kernel() -> str:
+    """FD_CPU_ATTENTION_KERNEL: the paged-attention path ("auto", "avx512-bf16", "avx512", "avx2" or "scalar")."""
+    return _kernel_path("FD_CPU_ATTENTION_KERNEL", ("avx512-bf16", "avx512", "avx2", "scalar"))
 
 
 def cpu_wide_step_tokens() -> int:

@@ -59,30 +59,13 @@ inline float v16_reduce_add(V16 a) { return _mm512_reduce_add_ps(a.v); }
 // P @ V rows that share each value load: 4 rows x 4 vectors of accumulators fit the 32 zmm registers.
 constexpr int kPvRows = 4;
 
+#include "transpose16_impl.h"
+
 // dst[j][i] = src[i][j] for a 16 x 16 fp32 block.
 inline void transpose16x16(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
-  __m512 r[16], t[16];
+  __m512 r[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * src_stride);
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int h = 0; h < 16; h += 8) {
-    for (int i = 0; i < 4; ++i) {
-      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
-      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
-    }
-  }
-  for (int i = 0; i < 8; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
-    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
-  }
+  transpose16x16_regs(r);
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * dst_stride, r[i]);
 }
 #else
@@ -157,7 +140,6 @@ inline void transpose16x16(const float* src, int64_t src_stride, float* dst, int
 
 constexpr int64_t kKeyTile = 16;    // keys per score tile: one 512-bit vector of fp32 scores
 constexpr int64_t kRowGroup = 4;    // query rows sharing each key load in the score loop
-constexpr int64_t kTileRows = 48;   // target query rows (tokens x heads of a group) per work item
 
 #if defined(FD_ATTENTION_V16)
 // One key tile for kRowGroup query rows of head dim 64, everything in registers: scores summed
@@ -215,10 +197,6 @@ inline void tile_rows_d64(const float* q, const float* keys_t, const float* valu
 }
 #endif
 
-struct WorkItem {
-  int64_t seq, kv_head, token_begin, num_tokens;
-};
-
 template <int kHeadDim, typename CacheT>
 void attention_kernel(const float* query, int64_t query_stride, const CacheT* key_cache, const CacheT* value_cache,
                       const int64_t* block_tables, int64_t max_blocks, const int64_t* query_start_loc,
@@ -227,181 +205,168 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
   // A compile-time head dim lets the compiler keep rows of it in registers.
   const int64_t head_dim = kHeadDim > 0 ? kHeadDim : head_dim_runtime;
   const int64_t group = num_heads / num_kv_heads;
-  const int64_t tile_tokens = std::max<int64_t>(1, kTileRows / group);
+  const int64_t tile_tokens = std::max<int64_t>(1, fastdeploy_cpu::kAttentionTileRows / group);
   const int64_t max_rows = (tile_tokens * group + kRowGroup - 1) / kRowGroup * kRowGroup;
-
-  std::vector<WorkItem> items;
-  for (int64_t s = 0; s < num_seqs; ++s) {
-    const int64_t num_queries = query_start_loc[s + 1] - query_start_loc[s];
-    for (int64_t t0 = 0; t0 < num_queries; t0 += tile_tokens)
-      for (int64_t h = 0; h < num_kv_heads; ++h)
-        items.push_back({s, h, t0, std::min(tile_tokens, num_queries - t0)});
-  }
-  const int64_t num_items = static_cast<int64_t>(items.size());
-  bool bad_context = false;
-
-#pragma omp parallel if (num_items > 1) reduction(|| : bad_context)
-  {
-    std::vector<float> q_rows(max_rows * head_dim), acc(max_rows * head_dim);
-    std::vector<float> row_max(max_rows), row_sum(max_rows), row_sum_v(max_rows * kKeyTile);
-    std::vector<int64_t> row_pos(max_rows);
-    std::vector<float> keys_t(head_dim * kKeyTile), key_rows(kKeyTile * head_dim), values(kKeyTile * head_dim);
-    std::vector<float> probs(max_rows * kKeyTile);
-
-    // monotonic: the GOMP 1.0 entry points Paddle's libiomp5 implements (the kernels run on it, _C.py).
-#pragma omp for schedule(monotonic : dynamic, 1)
-    for (int64_t it = 0; it < num_items; ++it) {
-      const WorkItem& item = items[it];
-      const int64_t num_queries = query_start_loc[item.seq + 1] - query_start_loc[item.seq];
-      const int64_t context = seq_lens[item.seq];
-      if (context < num_queries || (context + block_size - 1) / block_size > max_blocks) {
-        bad_context = true;
-        continue;
-      }
-      const int64_t rows = item.num_tokens * group;
-      const int64_t padded_rows = (rows + kRowGroup - 1) / kRowGroup * kRowGroup;
-      const int64_t first_token = query_start_loc[item.seq] + item.token_begin;
-      const int64_t first_pos = context - num_queries + item.token_begin;
-      // Row r = (token r / group, query head kv_head * group + r % group); padding rows stay zero.
-      std::fill(q_rows.begin(), q_rows.begin() + padded_rows * head_dim, 0.0f);
-      std::fill(acc.begin(), acc.begin() + padded_rows * head_dim, 0.0f);
-      for (int64_t r = 0; r < padded_rows; ++r) {
-        row_max[r] = -INFINITY;
-        row_sum[r] = 0.0f;
-        std::fill(row_sum_v.begin() + r * kKeyTile, row_sum_v.begin() + (r + 1) * kKeyTile, 0.0f);
-        row_pos[r] = r < rows ? first_pos + r / group : -1;
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* src =
-            query + (first_token + r / group) * query_stride + (item.kv_head * group + r % group) * head_dim;
-        float* dst = q_rows.data() + r * head_dim;
+  // One thread's buffers.
+  struct Scratch {
+    std::vector<float> q_rows, acc, row_max, row_sum, row_sum_v, keys_t, key_rows, values, probs;
+    std::vector<int64_t> row_pos;
+  };
+  auto make_scratch = [&] {
+    return Scratch{std::vector<float>(max_rows * head_dim), std::vector<float>(max_rows * head_dim),
+                   std::vector<float>(max_rows), std::vector<float>(max_rows), std::vector<float>(max_rows * kKeyTile),
+                   std::vector<float>(head_dim * kKeyTile), std::vector<float>(kKeyTile * head_dim),
+                   std::vector<float>(kKeyTile * head_dim), std::vector<float>(max_rows * kKeyTile),
+                   std::vector<int64_t>(max_rows)};
+  };
+  auto attend = [&](Scratch& sc, const fastdeploy_cpu::AttentionWorkItem& item,
+                    const fastdeploy_cpu::AttentionItemRows& at) {
+    auto &q_rows = sc.q_rows, &acc = sc.acc, &row_max = sc.row_max, &row_sum = sc.row_sum;
+    auto &row_sum_v = sc.row_sum_v, &keys_t = sc.keys_t, &key_rows = sc.key_rows, &values = sc.values;
+    auto &probs = sc.probs;
+    auto& row_pos = sc.row_pos;
+    const int64_t rows = at.rows, first_token = at.first_token, first_pos = at.first_pos, last_pos = at.last_pos;
+    const int64_t padded_rows = (rows + kRowGroup - 1) / kRowGroup * kRowGroup;
+    // Row r = (token r / group, query head kv_head * group + r % group); padding rows stay zero.
+    std::fill(q_rows.begin(), q_rows.begin() + padded_rows * head_dim, 0.0f);
+    std::fill(acc.begin(), acc.begin() + padded_rows * head_dim, 0.0f);
+    for (int64_t r = 0; r < padded_rows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.0f;
+      std::fill(row_sum_v.begin() + r * kKeyTile, row_sum_v.begin() + (r + 1) * kKeyTile, 0.0f);
+      row_pos[r] = r < rows ? first_pos + r / group : -1;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src =
+          query + (first_token + r / group) * query_stride + (item.kv_head * group + r % group) * head_dim;
+      float* dst = q_rows.data() + r * head_dim;
 #pragma omp simd
-        for (int64_t d = 0; d < head_dim; ++d) dst[d] = src[d] * scale;
-      }
-      const int64_t last_pos = first_pos + item.num_tokens - 1;
-      const int64_t* table = block_tables + item.seq * max_blocks;
+      for (int64_t d = 0; d < head_dim; ++d) dst[d] = src[d] * scale;
+    }
+    const int64_t* table = block_tables + item.seq * max_blocks;
 
-      for (int64_t key0 = 0; key0 <= last_pos; key0 += kKeyTile) {
-        const int64_t num_keys = std::min(kKeyTile, last_pos + 1 - key0);
-        // Gather this tile's keys and values ([16][D]) through the block table, converting whole
-        // rows (vectorized), then transpose the keys to [D][16] in one pass: a strided read per
-        // lane is far cheaper than a scalar scatter of every key.
-        for (int64_t k = 0; k < num_keys; ++k) {
-          const int64_t pos = key0 + k;
-          const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
-          const int64_t offset = (slot * num_kv_heads + item.kv_head) * head_dim;
-          fastdeploy_cpu::load_row(key_cache + offset, key_rows.data() + k * head_dim, head_dim);
-          fastdeploy_cpu::load_row(value_cache + offset, values.data() + k * head_dim, head_dim);
+    for (int64_t key0 = 0; key0 <= last_pos; key0 += kKeyTile) {
+      const int64_t num_keys = std::min(kKeyTile, last_pos + 1 - key0);
+      // Gather this tile's keys and values ([16][D]) through the block table, converting whole
+      // rows (vectorized), then transpose the keys to [D][16] in one pass: a strided read per
+      // lane is far cheaper than a scalar scatter of every key.
+      fastdeploy_cpu::SlotCursor here(table, block_size, key0);
 #if defined(FD_ATTENTION_V16)
-          // The next tile's rows sit in another (random) block: start fetching them now.
-          const int64_t next = pos + kKeyTile;
-          if (next <= last_pos) {
-            const int64_t next_slot = table[next / block_size] * block_size + next % block_size;
-            const int64_t next_offset = (next_slot * num_kv_heads + item.kv_head) * head_dim;
-            const char* nk = reinterpret_cast<const char*>(key_cache + next_offset);
-            const char* nv = reinterpret_cast<const char*>(value_cache + next_offset);
-            for (int64_t b = 0; b < static_cast<int64_t>(head_dim * sizeof(CacheT)); b += 64) {
-              _mm_prefetch(nk + b, _MM_HINT_T0);
-              _mm_prefetch(nv + b, _MM_HINT_T0);
-            }
-          }
+      fastdeploy_cpu::SlotCursor ahead(table, block_size, key0 + kKeyTile);
 #endif
+      for (int64_t k = 0; k < num_keys; ++k, here.next()) {
+        const int64_t offset = (here.slot() * num_kv_heads + item.kv_head) * head_dim;
+        fastdeploy_cpu::load_row(key_cache + offset, key_rows.data() + k * head_dim, head_dim);
+        fastdeploy_cpu::load_row(value_cache + offset, values.data() + k * head_dim, head_dim);
+#if defined(FD_ATTENTION_V16)
+        // The next tile's rows sit in another (random) block: start fetching them now.
+        if (key0 + k + kKeyTile <= last_pos) {
+          const int64_t next_offset = (ahead.slot() * num_kv_heads + item.kv_head) * head_dim;
+          ahead.next();
+          const char* nk = reinterpret_cast<const char*>(key_cache + next_offset);
+          const char* nv = reinterpret_cast<const char*>(value_cache + next_offset);
+          for (int64_t b = 0; b < static_cast<int64_t>(head_dim * sizeof(CacheT)); b += 64) {
+            _mm_prefetch(nk + b, _MM_HINT_T0);
+            _mm_prefetch(nv + b, _MM_HINT_T0);
+          }
         }
-        // Finite zeros in the unused lanes.
-        std::fill(key_rows.begin() + num_keys * head_dim, key_rows.end(), 0.0f);
+#endif
+      }
+      // Finite zeros in the unused lanes.
+      std::fill(key_rows.begin() + num_keys * head_dim, key_rows.end(), 0.0f);
+#if defined(FD_ATTENTION_V16)
+      if constexpr (kHeadDim == 64) {
+        for (int64_t c = 0; c < 64; c += 16)
+          transpose16x16(key_rows.data() + c, 64, keys_t.data() + c * kKeyTile, kKeyTile);
+      } else
+#endif
+      {
+        for (int64_t d = 0; d < head_dim; ++d) {
+          const float* column = key_rows.data() + d;
+          float* kd = keys_t.data() + d * kKeyTile;
+#pragma omp simd
+          for (int64_t k = 0; k < kKeyTile; ++k) kd[k] = column[k * head_dim];
+        }
+      }
+
+      for (int64_t r0 = 0; r0 < padded_rows; r0 += kRowGroup) {
+        const int64_t group_last = *std::max_element(row_pos.begin() + r0, row_pos.begin() + r0 + kRowGroup);
+        if (group_last < key0) continue;  // every row of the group is before this key tile
 #if defined(FD_ATTENTION_V16)
         if constexpr (kHeadDim == 64) {
-          for (int64_t c = 0; c < 64; c += 16)
-            transpose16x16(key_rows.data() + c, 64, keys_t.data() + c * kKeyTile, kKeyTile);
-        } else
+          static_assert(kKeyTile == 16 && kRowGroup == 4 && kRowGroup % kPvRows == 0, "one V16 of scores per row");
+          tile_rows_d64(q_rows.data() + r0 * 64, keys_t.data(), values.data(), row_pos.data() + r0, key0, num_keys,
+                        row_max.data() + r0, row_sum_v.data() + r0 * kKeyTile, probs.data() + r0 * kKeyTile,
+                        acc.data() + r0 * 64);
+          continue;
+        }
 #endif
+        // Scores of kRowGroup rows x 16 keys, accumulated over the head dim in registers.
+        float scores[kRowGroup][kKeyTile] = {};
         {
           for (int64_t d = 0; d < head_dim; ++d) {
-            const float* column = key_rows.data() + d;
-            float* kd = keys_t.data() + d * kKeyTile;
+            const float* kd = keys_t.data() + d * kKeyTile;
+            for (int64_t rr = 0; rr < kRowGroup; ++rr) {
+              const float qd = q_rows[(r0 + rr) * head_dim + d];
 #pragma omp simd
-            for (int64_t k = 0; k < kKeyTile; ++k) kd[k] = column[k * head_dim];
+              for (int64_t k = 0; k < kKeyTile; ++k) scores[rr][k] += qd * kd[k];
+            }
           }
         }
-
-        for (int64_t r0 = 0; r0 < padded_rows; r0 += kRowGroup) {
-          const int64_t group_last = *std::max_element(row_pos.begin() + r0, row_pos.begin() + r0 + kRowGroup);
-          if (group_last < key0) continue;  // every row of the group is before this key tile
-#if defined(FD_ATTENTION_V16)
-          if constexpr (kHeadDim == 64) {
-            static_assert(kKeyTile == 16 && kRowGroup == 4 && kRowGroup % kPvRows == 0, "one V16 of scores per row");
-            tile_rows_d64(q_rows.data() + r0 * 64, keys_t.data(), values.data(), row_pos.data() + r0, key0, num_keys,
-                          row_max.data() + r0, row_sum_v.data() + r0 * kKeyTile, probs.data() + r0 * kKeyTile,
-                          acc.data() + r0 * 64);
+        for (int64_t rr = 0; rr < kRowGroup; ++rr) {
+          const int64_t r = r0 + rr;
+          float* p = probs.data() + r * kKeyTile;
+          const int64_t valid = std::min(num_keys, row_pos[r] - key0 + 1);  // causal: keys <= position
+          if (valid <= 0) {
+            std::fill(p, p + kKeyTile, 0.0f);
             continue;
           }
-#endif
-          // Scores of kRowGroup rows x 16 keys, accumulated over the head dim in registers.
-          float scores[kRowGroup][kKeyTile] = {};
-          {
-            for (int64_t d = 0; d < head_dim; ++d) {
-              const float* kd = keys_t.data() + d * kKeyTile;
-              for (int64_t rr = 0; rr < kRowGroup; ++rr) {
-                const float qd = q_rows[(r0 + rr) * head_dim + d];
-#pragma omp simd
-                for (int64_t k = 0; k < kKeyTile; ++k) scores[rr][k] += qd * kd[k];
-              }
-            }
-          }
-          for (int64_t rr = 0; rr < kRowGroup; ++rr) {
-            const int64_t r = r0 + rr;
-            float* p = probs.data() + r * kKeyTile;
-            const int64_t valid = std::min(num_keys, row_pos[r] - key0 + 1);  // causal: keys <= position
-            if (valid <= 0) {
-              std::fill(p, p + kKeyTile, 0.0f);
-              continue;
-            }
-            float tile_max = -INFINITY;
-            for (int64_t k = 0; k < valid; ++k) tile_max = std::max(tile_max, scores[rr][k]);
-            const float new_max = std::max(row_max[r], tile_max);
-            const float alpha = fastdeploy_cpu::exp_approx(row_max[r] - new_max);
-            float tile_sum = 0.0f;
+          float tile_max = -INFINITY;
+          for (int64_t k = 0; k < valid; ++k) tile_max = std::max(tile_max, scores[rr][k]);
+          const float new_max = std::max(row_max[r], tile_max);
+          const float alpha = fastdeploy_cpu::exp_approx(row_max[r] - new_max);
+          float tile_sum = 0.0f;
 #pragma omp simd reduction(+ : tile_sum)
-            for (int64_t k = 0; k < kKeyTile; ++k) {
-              const float e = fastdeploy_cpu::exp_approx(scores[rr][k] - new_max);
-              p[k] = k < valid ? e : 0.0f;
-              tile_sum += p[k];
-            }
-            row_sum[r] = row_sum[r] * alpha + tile_sum;
-            row_max[r] = new_max;
-            float* a = acc.data() + r * head_dim;
-#pragma omp simd
-            for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
+          for (int64_t k = 0; k < kKeyTile; ++k) {
+            const float e = fastdeploy_cpu::exp_approx(scores[rr][k] - new_max);
+            p[k] = k < valid ? e : 0.0f;
+            tile_sum += p[k];
           }
-          // acc += P @ V for the group's rows; masked keys have p = 0 exactly.
-          {
-            for (int64_t k = 0; k < num_keys; ++k) {
-              const float* v = values.data() + k * head_dim;
-              for (int64_t rr = 0; rr < kRowGroup; ++rr) {
-                const float pk = probs[(r0 + rr) * kKeyTile + k];
-                float* a = acc.data() + (r0 + rr) * head_dim;
+          row_sum[r] = row_sum[r] * alpha + tile_sum;
+          row_max[r] = new_max;
+          float* a = acc.data() + r * head_dim;
 #pragma omp simd
-                for (int64_t d = 0; d < head_dim; ++d) a[d] += pk * v[d];
-              }
+          for (int64_t d = 0; d < head_dim; ++d) a[d] *= alpha;
+        }
+        // acc += P @ V for the group's rows; masked keys have p = 0 exactly.
+        {
+          for (int64_t k = 0; k < num_keys; ++k) {
+            const float* v = values.data() + k * head_dim;
+            for (int64_t rr = 0; rr < kRowGroup; ++rr) {
+              const float pk = probs[(r0 + rr) * kKeyTile + k];
+              float* a = acc.data() + (r0 + rr) * head_dim;
+#pragma omp simd
+              for (int64_t d = 0; d < head_dim; ++d) a[d] += pk * v[d];
             }
           }
         }
       }
-#if defined(FD_ATTENTION_V16)
-      if constexpr (kHeadDim == 64)
-        for (int64_t r = 0; r < rows; ++r) row_sum[r] = v16_reduce_add(v16_load(row_sum_v.data() + r * kKeyTile));
-#endif
-      for (int64_t r = 0; r < rows; ++r) {
-        const float inv = 1.0f / row_sum[r];
-        const float* a = acc.data() + r * head_dim;
-        float* dst = out + (first_token + r / group) * num_heads * head_dim +
-                     (item.kv_head * group + r % group) * head_dim;
-#pragma omp simd
-        for (int64_t d = 0; d < head_dim; ++d) dst[d] = a[d] * inv;
-      }
     }
-  }
-  PD_CHECK(!bad_context, "paged_attention: seq_lens is shorter than the query or longer than the block table.");
+#if defined(FD_ATTENTION_V16)
+    if constexpr (kHeadDim == 64)
+      for (int64_t r = 0; r < rows; ++r) row_sum[r] = v16_reduce_add(v16_load(row_sum_v.data() + r * kKeyTile));
+#endif
+    for (int64_t r = 0; r < rows; ++r) {
+      const float inv = 1.0f / row_sum[r];
+      const float* a = acc.data() + r * head_dim;
+      float* dst = out + (first_token + r / group) * num_heads * head_dim +
+                   (item.kv_head * group + r % group) * head_dim;
+#pragma omp simd
+      for (int64_t d = 0; d < head_dim; ++d) dst[d] = a[d] * inv;
+    }
+  };
+  fastdeploy_cpu::for_each_attention_item(query_start_loc, seq_lens, num_seqs, num_kv_heads, group, block_size,
+                                          max_blocks, make_scratch, attend);
 }
 
 template <typename CacheT>
@@ -421,13 +386,32 @@ void dispatch_head_dim(int64_t head_dim, const float* query, int64_t query_strid
 
 namespace fastdeploy_cpu {
 
+std::vector<AttentionWorkItem> attention_work_items(const int64_t* query_start_loc, int64_t num_seqs,
+                                                    int64_t num_kv_heads, int64_t group) {
+  const int64_t tile_tokens = std::max<int64_t>(1, kAttentionTileRows / group);
+  std::vector<AttentionWorkItem> items;
+  for (int64_t s = 0; s < num_seqs; ++s) {
+    const int64_t num_queries = query_start_loc[s + 1] - query_start_loc[s];
+    for (int64_t t0 = 0; t0 < num_queries; t0 += tile_tokens)
+      for (int64_t h = 0; h < num_kv_heads; ++h) items.push_back({s, h, t0, std::min(tile_tokens, num_queries - t0)});
+  }
+  return items;
+}
+
 void paged_attention(const float* query, int64_t query_stride, const paddle::Tensor& key_cache,
                      const paddle::Tensor& value_cache, const int64_t* block_tables, int64_t max_blocks,
                      const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads,
-                     float scale, float* out) {
+                     float scale, int attn_isa, float* out) {
   const int64_t block_size = key_cache.shape()[1];
   const int64_t num_kv_heads = key_cache.shape()[2];
   const int64_t head_dim = key_cache.shape()[3];
+  if (is_bf16(key_cache) && attn_isa == kAttentionBf16 &&
+      paged_attention_bf16(query, query_stride, static_cast<const uint16_t*>(key_cache.data()),
+                           static_cast<const uint16_t*>(value_cache.data()), block_tables, max_blocks,
+                           query_start_loc, seq_lens, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
+                           out)) {
+    return;
+  }
   if (is_bf16(key_cache)) {
     dispatch_head_dim(head_dim, query, query_stride, static_cast<const uint16_t*>(key_cache.data()),
                       static_cast<const uint16_t*>(value_cache.data()), block_tables, max_blocks, query_start_loc,
@@ -448,7 +432,7 @@ void paged_attention(const float* query, int64_t query_stride, const paddle::Ten
 std::vector<paddle::Tensor> PagedAttention(const paddle::Tensor& query, const paddle::Tensor& key_cache,
                                            const paddle::Tensor& value_cache, const paddle::Tensor& block_tables,
                                            const paddle::Tensor& query_start_loc, const paddle::Tensor& seq_lens,
-                                           int num_heads, float scale) {
+                                           int num_heads, float scale, int attn_isa) {
   using fastdeploy_cpu::check_cpu_contiguous;
   using fastdeploy_cpu::check_dtype;
   check_cpu_contiguous(query, "query");
@@ -480,12 +464,12 @@ std::vector<paddle::Tensor> PagedAttention(const paddle::Tensor& query, const pa
   fastdeploy_cpu::paged_attention(query.data<float>(), query.shape()[1], key_cache, value_cache,
                                   block_tables.data<int64_t>(), block_tables.shape()[1],
                                   query_start_loc.data<int64_t>(), seq_lens.data<int64_t>(), num_seqs, num_heads,
-                                  scale, out.data<float>());
+                                  scale, attn_isa, out.data<float>());
   return {out};
 }
 
 PD_BUILD_OP(fd_paged_attention)
     .Inputs({"query", "key_cache", "value_cache", "block_tables", "query_start_loc", "seq_lens"})
     .Outputs({"out"})
-    .Attrs({"num_heads: int", "scale: float"})
+    .Attrs({"num_heads: int", "scale: float", "attn_isa: int"})
     .SetKernelFn(PD_KERNEL(PagedAttention));

@@ -78,7 +78,7 @@ void DecoderLayer(paddle::Tensor& hidden, paddle::Tensor& residual, const paddle
                   float eps, float qk_eps, bool is_neox, float scale, const std::string& dtype,
                   const std::vector<int64_t>& qkv_segments, const std::vector<int64_t>& o_segments,
                   const std::vector<int64_t>& gate_up_segments, const std::vector<int64_t>& down_segments,
-                  int gguf_isa) {
+                  int gguf_isa, int attn_isa) {
   using fastdeploy_cpu::check_cpu_contiguous;
   check_cpu_contiguous(hidden, "hidden");
   check_cpu_contiguous(residual, "residual");
@@ -115,7 +115,7 @@ void DecoderLayer(paddle::Tensor& hidden, paddle::Tensor& residual, const paddle
                                  optional_data(qk_norm_weight), t, num_heads, is_neox, qk_eps);
   fastdeploy_cpu::paged_attention(qkv, qkv_width, key_cache, value_cache, block_tables.data<int64_t>(),
                                   block_tables.shape()[1], query_start_loc.data<int64_t>(), seq_lens.data<int64_t>(),
-                                  seq_lens.numel(), num_heads, scale, attn);
+                                  seq_lens.numel(), num_heads, scale, attn_isa, attn);
   o_mm.run(attn, t, q_width, h, dtype, gguf_isa, x);
   fastdeploy_cpu::fused_add_rms_norm(x, res, post_norm_weight.data<float>(), eps, t, h);
   gate_up_mm.run(x, t, h, 2 * inter, dtype, gguf_isa, gate_up);
@@ -137,5 +137,5 @@ PD_BUILD_OP(fd_decoder_layer)
     .Attrs({"num_heads: int", "intermediate_size: int64_t", "eps: float", "qk_eps: float", "is_neox: bool",
             "scale: float", "dtype: std::string", "qkv_segments: std::vector<int64_t>",
             "o_segments: std::vector<int64_t>", "gate_up_segments: std::vector<int64_t>",
-            "down_segments: std::vector<int64_t>", "gguf_isa: int"})
+            "down_segments: std::vector<int64_t>", "gguf_isa: int", "attn_isa: int"})
     .SetKernelFn(PD_KERNEL(DecoderLayer));

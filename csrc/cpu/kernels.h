@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "paddle/extension.h"
 
@@ -88,9 +89,92 @@ void rope_and_cache(float* qkv, const int64_t* positions, const float* cos_sin, 
                     const float* norm_weight, int64_t num_tokens, int64_t num_heads, bool is_neox, float eps);
 
 // attention.cc: out [T, H D] from the queries in the first H D columns of query [T, query_stride].
+// attn_isa (the platform's choice): kAttentionFp32 converts bf16 caches to fp32 and multiplies in
+// fp32; kAttentionBf16 multiplies bf16 caches with AVX512-BF16 dot products (attention_bf16.cc).
+constexpr int kAttentionFp32 = 0, kAttentionBf16 = 1;
 void paged_attention(const float* query, int64_t query_stride, const paddle::Tensor& key_cache,
                      const paddle::Tensor& value_cache, const int64_t* block_tables, int64_t max_blocks,
                      const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads,
-                     float scale, float* out);
+                     float scale, int attn_isa, float* out);
+
+// A unit of attention work: the query rows of one kv head's group of heads for a tile of a
+// sequence's new tokens. Both attention kernels split a batch the same way (attention.cc).
+struct AttentionWorkItem {
+  int64_t seq, kv_head, token_begin, num_tokens;
+};
+// Walks the cache slots of consecutive positions through a block table without a division per
+// position (two integer divisions per key cost more than the key's multiply-adds at decode).
+class SlotCursor {
+ public:
+  SlotCursor(const int64_t* table, int64_t block_size, int64_t pos)
+      : table_(table), block_size_(block_size), block_(pos / block_size), offset_(pos % block_size) {}
+  int64_t slot() const { return table_[block_] * block_size_ + offset_; }
+  void next() {
+    if (++offset_ == block_size_) {
+      offset_ = 0;
+      ++block_;
+    }
+  }
+
+ private:
+  const int64_t* table_;
+  int64_t block_size_, block_, offset_;
+};
+constexpr int64_t kAttentionTileRows = 48;  // target query rows (tokens x heads of a group) per item
+std::vector<AttentionWorkItem> attention_work_items(const int64_t* query_start_loc, int64_t num_seqs,
+                                                    int64_t num_kv_heads, int64_t group);
+
+// Where an item's rows are: row r is token first_token + r / group, query head kv_head * group +
+// r % group, at position first_pos + r / group (last_pos for the item's last token).
+struct AttentionItemRows {
+  int64_t rows, first_token, first_pos, last_pos;
+};
+// False where the sequence's seq_lens is shorter than its queries or longer than its block table.
+inline bool attention_item_rows(const AttentionWorkItem& item, const int64_t* query_start_loc,
+                                const int64_t* seq_lens, int64_t group, int64_t block_size, int64_t max_blocks,
+                                AttentionItemRows* out) {
+  const int64_t num_queries = query_start_loc[item.seq + 1] - query_start_loc[item.seq];
+  const int64_t context = seq_lens[item.seq];
+  if (context < num_queries || (context + block_size - 1) / block_size > max_blocks) return false;
+  const int64_t first_pos = context - num_queries + item.token_begin;
+  *out = {item.num_tokens * group, query_start_loc[item.seq] + item.token_begin, first_pos,
+          first_pos + item.num_tokens - 1};
+  return true;
+}
+
+// Runs body(scratch, item, rows) for every work item of a batch over the threads (a dynamic
+// schedule: items differ in length), each thread with its own scratch from make_scratch(); an
+// error where a sequence's seq_lens is shorter than its queries or longer than its block table.
+template <class MakeScratch, class Body>
+void for_each_attention_item(const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs,
+                             int64_t num_kv_heads, int64_t group, int64_t block_size, int64_t max_blocks,
+                             MakeScratch make_scratch, Body body) {
+  const std::vector<AttentionWorkItem> items = attention_work_items(query_start_loc, num_seqs, num_kv_heads, group);
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  bool bad_context = false;
+#pragma omp parallel if (num_items > 1) reduction(|| : bad_context)
+  {
+    auto scratch = make_scratch();
+    // monotonic: the GOMP 1.0 entry points Paddle's libiomp5 implements (the kernels run on it, _C.py).
+#pragma omp for schedule(monotonic : dynamic, 1)
+    for (int64_t it = 0; it < num_items; ++it) {
+      AttentionItemRows at;
+      if (!attention_item_rows(items[it], query_start_loc, seq_lens, group, block_size, max_blocks, &at)) {
+        bad_context = true;
+        continue;
+      }
+      body(scratch, items[it], at);
+    }
+  }
+  PD_CHECK(!bad_context, "paged_attention: seq_lens is shorter than the query or longer than the block table.");
+}
+
+// attention_bf16.cc: paged_attention over bf16 caches on AVX512-BF16 for head dims 64 and 128;
+// false (nothing written) for other head dims.
+bool paged_attention_bf16(const float* query, int64_t query_stride, const uint16_t* key_cache,
+                          const uint16_t* value_cache, const int64_t* block_tables, int64_t max_blocks,
+                          const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs,
+                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                          float* out);
 
 }  // namespace fastdeploy_cpu

@@ -109,6 +109,24 @@ def fp8_kernel_path() -> str:
     return _chosen_path("FD_CPU_FP8_KERNEL", envs.cpu_fp8_kernel(), fp8_kernel_paths())
 
 
+def attention_kernel_paths() -> list[str]:
+    """The paged-attention paths this CPU can run, best first (csrc/cpu/attention*.cc): bf16 KV caches
+    multiplied with AVX512-BF16 dot products (``vdpbf16ps``, attention_bf16.cc), then the build's fp32
+    path (AVX-512 or AVX2 registers, or plain C++), which also serves every fp32 cache."""
+    flags = cpu_flags()
+    bf16 = ["avx512-bf16"] if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"} <= flags else []
+    return bf16 + ["avx512" if cpu_has_avx512() else "avx2" if cpu_has_avx2_fma() else "scalar"]
+
+
+def attention_kernel_path() -> str:
+    """The paged-attention path: FD_CPU_ATTENTION_KERNEL when set, else the best this CPU runs.
+
+    Raises:
+        ValueError: FD_CPU_ATTENTION_KERNEL names a path this CPU cannot run.
+    """
+    return _chosen_path("FD_CPU_ATTENTION_KERNEL", envs.cpu_attention_kernel(), attention_kernel_paths())
+
+
 def int_kernel_choice(built: set[str]) -> str:
     """The integer-weight path for the op backend: :func:`int_kernel_path`; where oneDNN was asked
     for and the kernels were built without it (no fd_weight_only_linear), an error under
@@ -254,7 +272,6 @@ class CpuPlatform(Platform):
             built = _C.load()
             attn_backend_cls = self.get_attn_backend_cls()
             attention = attn_backend_cls == CPU_ATTN_BACKEND
-            isa = "avx512" if cpu_has_avx512() else "avx2"
             w8a8, w8a8_weight_max = w8a8_kernel(built)
             self._op_backend = OpBackend(
                 # linear.cc builds the panel kernel on AVX2 CPUs without bf16 units, oneDNN elsewhere.
@@ -262,7 +279,7 @@ class CpuPlatform(Platform):
                 rms_norm="csrc" if {"fd_rms_norm", "fd_fused_add_rms_norm"} <= built else "paddle",
                 paddle_fused_rms_norm=_paddle_fused_rms_norm_works(),
                 silu_and_mul="csrc" if "fd_silu_and_mul" in built else "paddle",
-                attention=f"paged-{isa}" if attention else "paddle",
+                attention=f"paged-{attention_kernel_path()}" if attention else "paddle",
                 attn_backend_cls=attn_backend_cls,
                 # Its expert weights are packed by fd_linear_pack: only with the linear kernel.
                 fused_moe="csrc" if {"fd_fused_moe", "fd_linear"} <= built else "paddle",

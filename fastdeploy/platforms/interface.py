@@ -38,7 +38,8 @@ class OpBackend:
     paddle_fused_rms_norm: bool = False
     # "csrc" (fd_silu_and_mul) or "paddle" (F.swiglu).
     silu_and_mul: str = "paddle"
-    # Attention backend: a name for logs ("paged-avx512", "paged-avx2", "paddle") and the class layers build.
+    # Attention backend: the kernel path ("paged-avx512-bf16", "paged-avx512", "paged-avx2", "paged-scalar")
+    # or "paddle", and the class layers build.
     attention: str = "paddle"
     attn_backend_cls: str = PADDLE_ATTN_BACKEND
     # Mixture-of-experts layers: "csrc" (fd_fused_moe on packed expert weights) or "paddle" (a matmul per expert).
@@ -61,6 +62,11 @@ class OpBackend:
     # fp8 (e4m3) weight kernels (--quantization fp8, csrc/cpu/fp8_gemm.cc): "avx512-bf16", "avx512", "avx2",
     # "scalar" or "paddle" (not built: the format is refused). "avx512-bf16" serves bf16 models only.
     fp8: str = "paddle"
+
+    @property
+    def attn_isa(self) -> int:
+        """The attention ops' ``attn_isa`` argument: 1 multiplies bf16 caches with bf16 dot products, 0 in fp32."""
+        return 1 if self.attention == "paged-avx512-bf16" else 0
 
     def uses_kernel(self, op: str) -> bool:
         """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention", "fused_moe") runs our kernel."""

@@ -1,8 +1,9 @@
-"""fd_paged_attention (csrc/cpu/attention.cc) against PagedAttention's plain Paddle path.
+"""fd_paged_attention (csrc/cpu/attention.cc, attention_bf16.cc) against PagedAttention's plain Paddle path.
 
 Mixed batches (decodes of different lengths, a fresh prefill, a later chunk over cached
 context, a prefill longer than one work tile), GQA, block sizes 4 and 16, the generic
-and the specialized head sizes, fp32 and bf16 caches; and batch invariance: a sequence
+and the specialized head sizes, fp32 and bf16 caches, on the fp32 path (attn_isa 0) and, where
+the CPU has AVX512-BF16, the bf16 dot-product path (attn_isa 1); and batch invariance: a sequence
 gets bit-identical outputs alone or batched.
 """
 
@@ -14,6 +15,7 @@ from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 from fastdeploy.model_executor.custom_op import set_op_backend
 from fastdeploy.model_executor.layers.attention.paged_attention import PagedAttention
+from fastdeploy.platforms.cpu import attention_kernel_paths
 from fastdeploy.platforms.interface import OpBackend
 from tests.csrc.conftest import bf16_round
 
@@ -50,11 +52,12 @@ class Batch:
         self.query = rng.standard_normal((t, (H + 2 * KVH) * d)).astype(np.float32)
         self.d = d
 
-    def kernel(self):
+    def kernel(self, attn_isa=0):
         md = self.md
         k, v = self.caches
         out = ops.paged_attention(
-            paddle.to_tensor(self.query), k, v, md.block_tables, md.query_start_loc, md.seq_lens, H, self.d**-0.5
+            paddle.to_tensor(self.query), k, v, md.block_tables, md.query_start_loc, md.seq_lens, H, self.d**-0.5,
+            attn_isa,
         )
         return out.numpy()
 
@@ -83,11 +86,51 @@ def test_bf16_cache_matches_paddle_on_the_same_values(d):
     np.testing.assert_allclose(batch.kernel(), batch.paddle_reference(), rtol=1e-5, atol=2e-6)
 
 
+needs_bf16 = pytest.mark.skipif("avx512-bf16" not in attention_kernel_paths(), reason="no AVX512-BF16 on this CPU")
+
+
+@needs_bf16
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_bf16_dot_products_match_paddle_within_bf16_rounding(d, block_size):
+    """The bf16 path rounds the scaled queries and the probabilities to bf16 (8 bits of mantissa):
+    its rows stay within that rounding of the fp32 reference, and a wrong key, lane or block would
+    be off by the size of the outputs themselves."""
+    batch = Batch(d, block_size, SCHEDULE, cache_dtype="bfloat16")
+    ref = batch.paddle_reference()
+    out = batch.kernel(attn_isa=1)
+    assert np.abs(out - ref).max() < 1e-2 * np.abs(ref).max()
+    np.testing.assert_allclose(out, ref, rtol=5e-2, atol=5e-3)
+    # Not the fp32 path under another name: the bf16 rounding shows.
+    assert np.abs(out - batch.kernel(attn_isa=0)).max() > 1e-6
+
+
+@needs_bf16
+def test_bf16_path_leaves_other_head_dims_and_fp32_caches_to_the_fp32_path():
+    bf16_d16 = Batch(16, 16, SCHEDULE, cache_dtype="bfloat16")
+    np.testing.assert_array_equal(bf16_d16.kernel(attn_isa=1), bf16_d16.kernel(attn_isa=0))
+    fp32_d64 = Batch(64, 16, SCHEDULE)
+    np.testing.assert_array_equal(fp32_d64.kernel(attn_isa=1), fp32_d64.kernel(attn_isa=0))
+
+
+@needs_bf16
+def test_bf16_path_long_context_decode():
+    """Decodes over 300-700 cached tokens (many key tiles, blocks crossed mid-tile with block size 12)."""
+    schedule = [(300, 1), (517, 1), (700, 1), (0, 33)]
+    batch = Batch(64, 12, schedule, cache_dtype="bfloat16", seed=3)
+    ref = batch.paddle_reference()
+    np.testing.assert_allclose(batch.kernel(attn_isa=1), ref, rtol=5e-2, atol=5e-3)
+
+
+ATTN_ISAS = [0, pytest.param(1, marks=needs_bf16)]
+
+
+@pytest.mark.parametrize("attn_isa", ATTN_ISAS)
 @pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
-def test_outputs_do_not_depend_on_the_rest_of_the_batch(cache_dtype):
+def test_outputs_do_not_depend_on_the_rest_of_the_batch(cache_dtype, attn_isa):
     """Each sequence alone gives bit-identical rows to the same sequence in the mixed batch."""
     batch = Batch(64, 16, SCHEDULE, cache_dtype, seed=5)
-    together = batch.kernel()
+    together = batch.kernel(attn_isa)
     start = 0
     for i, (_, n) in enumerate(SCHEDULE):
         alone = Batch(64, 16, SCHEDULE, cache_dtype, seed=5)
@@ -95,7 +138,7 @@ def test_outputs_do_not_depend_on_the_rest_of_the_batch(cache_dtype):
         seq_lens = md.host.seq_lens[i : i + 1]
         alone.md, _ = build_attention_metadata(alone.block_tables[i : i + 1], np.array([n]), seq_lens, 16)
         alone.query = batch.query[start : start + n]
-        np.testing.assert_array_equal(alone.kernel(), together[start : start + n], err_msg=f"sequence {i}")
+        np.testing.assert_array_equal(alone.kernel(attn_isa), together[start : start + n], err_msg=f"sequence {i}")
         start += n
 
 
@@ -105,5 +148,5 @@ def test_bad_metadata_is_an_error():
     with pytest.raises(Exception, match="seq_lens"):
         ops.paged_attention(
             paddle.to_tensor(batch.query), *batch.caches, md.block_tables, md.query_start_loc,
-            paddle.to_tensor(np.array([1], np.int64)), H, 0.25,
+            paddle.to_tensor(np.array([1], np.int64)), H, 0.25, 0,
         )  # fmt: skip

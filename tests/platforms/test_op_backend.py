@@ -12,7 +12,7 @@ from fastdeploy.model_executor.custom_op import get_op_backend, set_op_backend
 from fastdeploy.model_executor.layers.attention.cpu_attn import CpuPagedAttentionImpl
 from fastdeploy.model_executor.layers.attention.paddle_attn import PaddleAttentionImpl
 from fastdeploy.platforms import current_platform
-from fastdeploy.platforms.cpu import cpu_has_avx512, gguf_kernel_path
+from fastdeploy.platforms.cpu import cpu_flags, cpu_has_avx512, gguf_kernel_path
 from fastdeploy.platforms.interface import OpBackend
 from tests.call_counter import count_calls
 from tests.model_executor.utils import PagedRunner, build_tiny_checkpoint, load_our_model
@@ -54,7 +54,10 @@ def test_the_platform_decides_once():
 @pytest.mark.skipif(not _custom_ops.has(), reason="the C++ kernels are not built (FD_CPU_KERNELS=0)")
 def test_kernel_backend_layers_run_the_kernels(checkpoint, kernel_calls):
     backend = current_platform.get_op_backend()
-    assert backend.attention == ("paged-avx512" if cpu_has_avx512() else "paged-avx2")
+    fp32_path = "paged-avx512" if cpu_has_avx512() else "paged-avx2"
+    bf16 = "avx512_bf16" in cpu_flags()
+    assert backend.attention == ("paged-avx512-bf16" if bf16 else fp32_path)
+    assert backend.attn_isa == (1 if bf16 else 0)
     model = load_our_model(checkpoint)
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.attn.impl, CpuPagedAttentionImpl)
@@ -114,6 +117,30 @@ def test_describe_names_each_path():
     assert OpBackend(paddle_fused_rms_norm=True).describe() == (
         "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, fused_moe: paddle, "
         "decoder layer: per-op, gguf: paddle")
+
+
+def test_fd_cpu_attention_kernel_picks_the_attention_path(monkeypatch):
+    from fastdeploy.platforms.cpu import attention_kernel_path, attention_kernel_paths
+
+    paths = attention_kernel_paths()
+    assert paths[-1] in ("avx512", "avx2", "scalar") and attention_kernel_path() == paths[0]
+    assert ("avx512-bf16" in paths) == ("avx512_bf16" in cpu_flags())
+    for path in paths:
+        monkeypatch.setenv("FD_CPU_ATTENTION_KERNEL", path)
+        assert attention_kernel_path() == path
+        assert OpBackend(attention=f"paged-{path}").attn_isa == (1 if path == "avx512-bf16" else 0)
+    monkeypatch.setenv("FD_CPU_ATTENTION_KERNEL", "avx9")
+    with pytest.raises(ValueError, match="FD_CPU_ATTENTION_KERNEL must be auto, avx512-bf16, avx512, avx2 or scalar"):
+        attention_kernel_path()
+    import fastdeploy.platforms.cpu as cpu
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    monkeypatch.setattr(cpu, "cpu_has_avx512", lambda: False)
+    monkeypatch.setattr(cpu, "cpu_has_avx2_fma", lambda: True)
+    assert attention_kernel_paths() == ["avx2"]
+    monkeypatch.setenv("FD_CPU_ATTENTION_KERNEL", "avx512-bf16")
+    with pytest.raises(ValueError, match="FD_CPU_ATTENTION_KERNEL=avx512-bf16 cannot run on this CPU; it runs: avx2"):
+        attention_kernel_path()
 
 
 def test_fd_cpu_gguf_kernel_picks_the_gguf_path(monkeypatch):

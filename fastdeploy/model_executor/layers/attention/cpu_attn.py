@@ -17,6 +17,7 @@ import paddle
 from paddle import nn
 
 from fastdeploy import _custom_ops as ops
+from fastdeploy.model_executor.custom_op import get_op_backend
 from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata
 from fastdeploy.model_executor.layers.attention.paddle_attn import PaddleAttentionImpl
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
@@ -24,6 +25,11 @@ from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding
 
 class CpuPagedAttentionImpl(PaddleAttentionImpl):
     """Paged attention of one layer on ``fd_rope_and_cache`` + ``fd_paged_attention`` (fp32 activations)."""
+
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int | None = None) -> None:
+        super().__init__(num_heads, head_dim, scale, num_kv_heads)
+        # The platform's kernel path, handed to every call.
+        self.attn_isa = get_op_backend().attn_isa
 
     def forward_qkv(
         self,
@@ -43,7 +49,7 @@ class CpuPagedAttentionImpl(PaddleAttentionImpl):
         ops.rope_and_cache(qkv, positions, rotary_emb.kernel_cos_sin, k_cache, v_cache, md.slot_mapping, norm_weight,
                            self.num_heads, rotary_emb.is_neox_style, eps)
         return ops.paged_attention(qkv, k_cache, v_cache, md.block_tables, md.query_start_loc, md.seq_lens,
-                                   self.num_heads, self.scale)
+                                   self.num_heads, self.scale, self.attn_isa)
 
     def attend(self, q: paddle.Tensor, k: paddle.Tensor, v: paddle.Tensor,
                kv_cache: tuple[paddle.Tensor, paddle.Tensor], attn_metadata: AttentionMetadata) -> paddle.Tensor:
@@ -52,4 +58,5 @@ class CpuPagedAttentionImpl(PaddleAttentionImpl):
             return super().attend(q, k, v, kv_cache, md)
         q = q.reshape([q.shape[0], self.num_heads * self.head_dim])
         return ops.paged_attention(q if q.is_contiguous() else q.contiguous(), kv_cache[0], kv_cache[1],
-                                   md.block_tables, md.query_start_loc, md.seq_lens, self.num_heads, self.scale)
+                                   md.block_tables, md.query_start_loc, md.seq_lens, self.num_heads, self.scale,
+                                   self.attn_isa)

@@ -1,0 +1,261 @@
+// Paged attention over bf16 caches with AVX512-BF16 dot products (`vdpbf16ps`: per fp32 lane, the
+// sum of two bf16 products). The work items, key tiles of 16, causal skipping and online softmax
+// are attention.cc's; what differs is that keys and values are never widened: attention.cc converts
+// every cached key and value to fp32 and transposes the keys in fp32 before multiplying, which at
+// decode (three query rows per kv head) costs more than the multiplies. Here
+//   scores: the keys of a tile, as pairs of bf16 per 32-bit lane, transposed in registers to
+//           [D/2 pairs][16 keys]; each pair step is one dot instruction per query row against the
+//           row's (scaled, bf16-rounded) query pair broadcast from memory;
+//   P @ V:  the probabilities rounded to bf16, two keys' values interleaved per lane
+//           (unpack of two rows), one dot instruction per 16 output lanes and row for two keys.
+// The output lanes of P @ V come out in the unpack's order and are put back in order once per
+// row at the end. The row sums are of the rounded probabilities, so each row's weights sum to
+// one as used. Every query row takes the same instructions in the same order whatever else is in
+// its tile or batch, so outputs stay batch-invariant.
+//
+// The code is compiled for AVX512-BF16 whatever -march the library is built with (a target
+// region); it runs only where the platform chose it (attn_isa == kAttentionBf16).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu_utils.h"
+#include "kernels.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && (__GNUC__ >= 10 || defined(__clang__))
+#define FD_ATTENTION_BF16 1
+#include <immintrin.h>
+#endif
+
+#if defined(FD_ATTENTION_BF16)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+namespace attn_bf16 {
+
+#include "transpose16_impl.h"
+
+constexpr int64_t kKeys = 16;      // keys per tile: one register of fp32 scores
+constexpr int64_t kGroupRows = 4;  // query rows sharing each key-pair load
+
+// acc + w . x (bf16 pairs per lane) with x's one pair in every lane (GCC folds the broadcast into
+// the instruction's memory operand). A value, not an asm on a reference: accumulators held in
+// arrays then stay in registers.
+inline __m512 dot_bcast(__m512 acc, __m512i w, const uint32_t* x) {
+  return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(static_cast<int>(*x)));
+}
+
+// 16 fp32 -> 16 bf16 (round to nearest even) and the rounded values back in fp32.
+inline __m256i round_bf16(__m512 v, __m512* rounded) {
+  const __m256i b = (__m256i)_mm512_cvtneps_pbh(v);
+  *rounded = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+  return b;
+}
+
+template <int D>
+void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache, const uint16_t* value_cache,
+            const int64_t* block_tables, int64_t max_blocks, const int64_t* query_start_loc, const int64_t* seq_lens,
+            int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t block_size, float scale, float* out) {
+  constexpr int kPairs = D / 2;     // 32-bit lanes of a bf16 row
+  constexpr int kChunks = D / 32;   // registers of a bf16 row
+  constexpr int kAccVecs = D / 16;  // fp32 registers of an output row
+  constexpr int kPvRows = D <= 64 ? 4 : 2;  // rows of accumulators in the 32 registers at once
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t tile_tokens = std::max<int64_t>(1, fastdeploy_cpu::kAttentionTileRows / group);
+  const int64_t max_rows = (tile_tokens * group + kGroupRows - 1) / kGroupRows * kGroupRows;
+
+  // Output lane t of half q of a 32-lane chunk reads lane idx of the chunk's unpacklo (bit 4 clear)
+  // or unpackhi (bit 4 set) accumulator: unpack interleaves 4 of every 8 lanes per 128-bit lane.
+  alignas(64) int32_t unpermute[2][16];
+  for (int q = 0; q < 2; ++q)
+    for (int t = 0; t < 16; ++t) unpermute[q][t] = (((t >> 2) & 1) << 4) | (8 * q + 4 * (t >> 3) + (t & 3));
+
+  // One thread's buffers.
+  struct Scratch {
+    std::vector<uint32_t> q_pairs, keys_t, value_pairs;
+    std::vector<float> acc, row_max, row_sum, probs;
+    std::vector<uint16_t> probs_bf;
+    std::vector<int64_t> row_pos;
+  };
+  auto make_scratch = [&] {
+    return Scratch{std::vector<uint32_t>(max_rows * kPairs), std::vector<uint32_t>(kPairs * kKeys),
+                   std::vector<uint32_t>(kKeys / 2 * kAccVecs * 16), std::vector<float>(max_rows * D),
+                   std::vector<float>(max_rows), std::vector<float>(max_rows * kKeys), std::vector<float>(kKeys),
+                   std::vector<uint16_t>(max_rows * kKeys), std::vector<int64_t>(max_rows)};
+  };
+  auto attend = [&](Scratch& sc, const fastdeploy_cpu::AttentionWorkItem& item,
+                    const fastdeploy_cpu::AttentionItemRows& at) {
+    auto &q_pairs = sc.q_pairs, &keys_t = sc.keys_t, &value_pairs = sc.value_pairs;
+    auto &acc = sc.acc, &row_max = sc.row_max, &row_sum = sc.row_sum, &probs = sc.probs;
+    auto& probs_bf = sc.probs_bf;
+    auto& row_pos = sc.row_pos;
+    const int64_t rows = at.rows, first_token = at.first_token, first_pos = at.first_pos, last_pos = at.last_pos;
+    const int64_t padded_rows = (rows + kGroupRows - 1) / kGroupRows * kGroupRows;
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < padded_rows; ++r) {
+      row_max[r] = -INFINITY;
+      row_pos[r] = r < rows ? first_pos + r / group : -1;
+      _mm512_storeu_ps(row_sum.data() + r * kKeys, _mm512_setzero_ps());
+      for (int u = 0; u < kAccVecs; ++u) _mm512_storeu_ps(acc.data() + r * D + u * 16, _mm512_setzero_ps());
+      uint32_t* qp = q_pairs.data() + r * kPairs;
+      if (r >= rows) {  // padding rows: zero queries, finite scores, never stored
+        std::fill(qp, qp + kPairs, 0u);
+        continue;
+      }
+      const float* src =
+          query + (first_token + r / group) * query_stride + (item.kv_head * group + r % group) * D;
+      for (int c = 0; c < kChunks; ++c) {
+        const __m512 lo = _mm512_mul_ps(_mm512_loadu_ps(src + c * 32), scale_v);
+        const __m512 hi = _mm512_mul_ps(_mm512_loadu_ps(src + c * 32 + 16), scale_v);
+        _mm512_storeu_si512(qp + c * 16, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      }
+    }
+    const int64_t* table = block_tables + item.seq * max_blocks;
+
+    for (int64_t key0 = 0; key0 <= last_pos; key0 += kKeys) {
+      const int64_t num_keys = std::min(kKeys, last_pos + 1 - key0);
+      const uint16_t* key_rows[kKeys];
+      const uint16_t* value_rows[kKeys];
+      // Slot cursors for this tile and (to prefetch, its rows sit in other, random blocks) the next.
+      fastdeploy_cpu::SlotCursor here(table, block_size, key0), ahead(table, block_size, key0 + kKeys);
+      const int64_t num_ahead = std::min(kKeys, last_pos + 1 - (key0 + kKeys));
+      for (int64_t k = 0; k < num_keys; ++k, here.next()) {
+        const int64_t offset = (here.slot() * num_kv_heads + item.kv_head) * D;
+        key_rows[k] = key_cache + offset;
+        value_rows[k] = value_cache + offset;
+        if (k < num_ahead) {
+          const int64_t next_offset = (ahead.slot() * num_kv_heads + item.kv_head) * D;
+          ahead.next();
+          for (int64_t b = 0; b < D * 2; b += 64) {
+            _mm_prefetch(reinterpret_cast<const char*>(key_cache + next_offset) + b, _MM_HINT_T0);
+            _mm_prefetch(reinterpret_cast<const char*>(value_cache + next_offset) + b, _MM_HINT_T0);
+          }
+        }
+      }
+      // Keys as [pair][key]; keys past num_keys are zeros (finite scores, masked below).
+      for (int c = 0; c < kChunks; ++c) {
+        __m512 r[16];
+        for (int64_t k = 0; k < kKeys; ++k)
+          r[k] = k < num_keys ? _mm512_loadu_ps(reinterpret_cast<const float*>(key_rows[k] + c * 32))
+                              : _mm512_setzero_ps();
+        transpose16x16_regs(r);
+        float* kt = reinterpret_cast<float*>(keys_t.data()) + c * 16 * kKeys;
+        for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + j * kKeys, r[j]);
+      }
+      // Values of keys (2i, 2i + 1) interleaved per lane; a missing odd key is zeros.
+      const int64_t num_pairs = (num_keys + 1) / 2;
+      for (int64_t i = 0; i < num_pairs; ++i) {
+        for (int c = 0; c < kChunks; ++c) {
+          const __m512i a = _mm512_loadu_si512(value_rows[2 * i] + c * 32);
+          const __m512i b =
+              2 * i + 1 < num_keys ? _mm512_loadu_si512(value_rows[2 * i + 1] + c * 32) : _mm512_setzero_si512();
+          uint32_t* dst = value_pairs.data() + (i * kAccVecs + 2 * c) * 16;
+          _mm512_storeu_si512(dst, _mm512_unpacklo_epi16(a, b));
+          _mm512_storeu_si512(dst + 16, _mm512_unpackhi_epi16(a, b));
+        }
+      }
+
+      for (int64_t r0 = 0; r0 < padded_rows; r0 += kGroupRows) {
+        const int64_t group_last = *std::max_element(row_pos.begin() + r0, row_pos.begin() + r0 + kGroupRows);
+        if (group_last < key0) continue;  // every row of the group is before this key tile
+        // Scores: two chains per row (even and odd pairs) keep the dot unit busy.
+        __m512 s[kGroupRows][2];
+        for (int rr = 0; rr < kGroupRows; ++rr) s[rr][0] = s[rr][1] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int j = 0; j < kPairs; j += 2) {
+          const __m512i k0 = _mm512_loadu_si512(keys_t.data() + j * kKeys);
+          const __m512i k1 = _mm512_loadu_si512(keys_t.data() + (j + 1) * kKeys);
+#pragma GCC unroll 4
+          for (int rr = 0; rr < kGroupRows; ++rr) {
+            const uint32_t* qp = q_pairs.data() + (r0 + rr) * kPairs + j;
+            s[rr][0] = dot_bcast(s[rr][0], k0, qp);
+            s[rr][1] = dot_bcast(s[rr][1], k1, qp + 1);
+          }
+        }
+        float alpha[kGroupRows];
+        for (int rr = 0; rr < kGroupRows; ++rr) {
+          const int64_t r = r0 + rr;
+          uint16_t* pb = probs_bf.data() + r * kKeys;
+          const int64_t valid = std::min(num_keys, row_pos[r] - key0 + 1);  // causal: keys <= position
+          if (valid <= 0) {  // acc * 1 + 0 * v: the row is unchanged
+            std::fill(pb, pb + kKeys, uint16_t{0});
+            alpha[rr] = 1.0f;
+            continue;
+          }
+          const __m512 sc = _mm512_add_ps(s[rr][0], s[rr][1]);
+          const __mmask16 keep = valid >= 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1u);
+          const float new_max =
+              std::max(row_max[r], _mm512_reduce_max_ps(_mm512_mask_blend_ps(keep, _mm512_set1_ps(-INFINITY), sc)));
+          alpha[rr] = fastdeploy_cpu::exp_approx(row_max[r] - new_max);
+          row_max[r] = new_max;
+          float* p = probs.data();
+          _mm512_storeu_ps(p, sc);
+#pragma omp simd
+          for (int64_t k = 0; k < kKeys; ++k) p[k] = k < valid ? fastdeploy_cpu::exp_approx(p[k] - new_max) : 0.0f;
+          __m512 rounded;
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb), round_bf16(_mm512_loadu_ps(p), &rounded));
+          // Lane-wise running sums, reduced once per row at the end.
+          float* sum = row_sum.data() + r * kKeys;
+          _mm512_storeu_ps(sum, _mm512_fmadd_ps(_mm512_loadu_ps(sum), _mm512_set1_ps(alpha[rr]), rounded));
+        }
+        for (int rp = 0; rp < kGroupRows; rp += kPvRows) {
+          __m512 a[kPvRows][kAccVecs];
+          for (int rr = 0; rr < kPvRows; ++rr) {
+            const __m512 al = _mm512_set1_ps(alpha[rp + rr]);
+            for (int u = 0; u < kAccVecs; ++u)
+              a[rr][u] = _mm512_mul_ps(_mm512_loadu_ps(acc.data() + (r0 + rp + rr) * D + u * 16), al);
+          }
+          for (int64_t i = 0; i < num_pairs; ++i) {
+            __m512i v[kAccVecs];
+#pragma GCC unroll 8
+            for (int u = 0; u < kAccVecs; ++u) v[u] = _mm512_loadu_si512(value_pairs.data() + (i * kAccVecs + u) * 16);
+#pragma GCC unroll 4
+            for (int rr = 0; rr < kPvRows; ++rr) {
+              const uint32_t* pp = reinterpret_cast<const uint32_t*>(probs_bf.data() + (r0 + rp + rr) * kKeys) + i;
+#pragma GCC unroll 8
+              for (int u = 0; u < kAccVecs; ++u) a[rr][u] = dot_bcast(a[rr][u], v[u], pp);
+            }
+          }
+          for (int rr = 0; rr < kPvRows; ++rr)
+            for (int u = 0; u < kAccVecs; ++u) _mm512_storeu_ps(acc.data() + (r0 + rp + rr) * D + u * 16, a[rr][u]);
+        }
+      }
+    }
+    const __m512i idx0 = _mm512_load_si512(unpermute[0]), idx1 = _mm512_load_si512(unpermute[1]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(_mm512_loadu_ps(row_sum.data() + r * kKeys)));
+      const float* a = acc.data() + r * D;
+      float* dst = out + (first_token + r / group) * num_heads * D + (item.kv_head * group + r % group) * D;
+      for (int c = 0; c < kChunks; ++c) {
+        const __m512 lo = _mm512_loadu_ps(a + 2 * c * 16), hi = _mm512_loadu_ps(a + (2 * c + 1) * 16);
+        _mm512_storeu_ps(dst + c * 32, _mm512_mul_ps(_mm512_permutex2var_ps(lo, idx0, hi), inv));
+        _mm512_storeu_ps(dst + c * 32 + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, idx1, hi), inv));
+      }
+    }
+  };
+  fastdeploy_cpu::for_each_attention_item(query_start_loc, seq_lens, num_seqs, num_kv_heads, group, block_size,
+                                          max_blocks, make_scratch, attend);
+}
+
+}  // namespace attn_bf16
+#pragma GCC pop_options
+#endif
+
+namespace fastdeploy_cpu {
+
+bool paged_attention_bf16(const float* query, int64_t query_stride, const uint16_t* key_cache,
+                          const uint16_t* value_cache, const int64_t* block_tables, int64_t max_blocks,
+                          const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs,
+                          int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
+                          float* out) {
+#if defined(FD_ATTENTION_BF16)
+  auto kernel = head_dim == 64 ? attn_bf16::kernel<64> : head_dim == 128 ? attn_bf16::kernel<128> : nullptr;
+  if (kernel == nullptr) return false;
+  kernel(query, query_stride, key_cache, value_cache, block_tables, max_blocks, query_start_loc, seq_lens, num_seqs,
+         num_heads, num_kv_heads, block_size, scale, out);
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace fastdeploy_cpu
