@@ -1,0 +1,88 @@
+"""Per-call time of the paged-attention kernel paths (csrc/cpu/attention*.cc) on a bf16 cache.
+
+Every path this CPU runs (``avx512-bf16``: bf16 dot products; the build's fp32 path) takes
+turns call by call on the same batch, so load from other work hits them alike; medians of
+``--reps`` rounds. The batches are decodes over a cached context and one fresh prefill, in
+random blocks of the cache, at the default model's heads (9 query / 3 KV heads of 64); the
+JSON also records how far each path's output is from the fp32 path's.
+
+    python benchmarks/benchmark_attention.py --out benchmarks/results/attention_avx512bf16.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+# (name, sequences, cached context, new tokens per sequence)
+CASES = [("decode 16 x 330", 16, 330, 1), ("decode 1 x 330", 1, 330, 1), ("decode 16 x 1000", 16, 1000, 1),
+         ("prefill 256", 1, 0, 256)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--heads", type=int, default=9)
+    parser.add_argument("--kv-heads", type=int, default=3)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", help="JSON file for the results")
+    args = parser.parse_args()
+
+    import numpy as np
+    import paddle
+
+    from fastdeploy import _C
+    from fastdeploy import _custom_ops as ops
+    from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
+    from fastdeploy.platforms.cpu import attention_kernel_paths
+    from fastdeploy.platforms.interface import OpBackend
+
+    _C.omp_thread_control().set_threads(args.threads)
+    h, kvh, d, bs = args.heads, args.kv_heads, args.head_dim, args.block_size
+    paths = {path: OpBackend(attention=f"paged-{path}").attn_isa for path in attention_kernel_paths()}
+    fp32_path = attention_kernel_paths()[-1]
+    rng = np.random.default_rng(0)
+    rows = {}
+    for name, seqs, cached, new in CASES:
+        seq_lens = np.full(seqs, cached + new, np.int64)
+        blocks = -(-(cached + new) // bs)
+        num_blocks = seqs * blocks + 8
+        table = rng.permutation(num_blocks)[: seqs * blocks].reshape(seqs, blocks).astype(np.int64)
+        caches = [paddle.to_tensor(rng.standard_normal((num_blocks, bs, kvh, d)).astype(np.float32)).astype("bfloat16")
+                  for _ in range(2)]
+        md, _ = build_attention_metadata(table, np.full(seqs, new, np.int64), seq_lens, bs)
+        query = paddle.to_tensor(rng.standard_normal((seqs * new, (h + 2 * kvh) * d)).astype(np.float32))
+
+        def call(isa: int, query=query, caches=caches, md=md) -> paddle.Tensor:
+            return ops.paged_attention(query, caches[0], caches[1], md.block_tables, md.query_start_loc, md.seq_lens,
+                                       h, d**-0.5, isa)
+
+        outputs = {path: call(isa).numpy() for path, isa in paths.items()}
+        times: dict[str, list[float]] = {path: [] for path in paths}
+        for _ in range(args.reps):
+            for path, isa in paths.items():
+                t0 = time.perf_counter()
+                call(isa)
+                times[path].append((time.perf_counter() - t0) * 1e6)
+        med = {path: statistics.median(t) for path, t in times.items()}
+        ref = outputs[fp32_path]
+        rows[name] = {f"{path}_us": round(v, 1) for path, v in med.items()} | {
+            f"{path}_speedup": round(med[fp32_path] / v, 2) for path, v in med.items() if path != fp32_path} | {
+            f"{path}_max_rel_diff": float(f"{np.abs(outputs[path] - ref).max() / np.abs(ref).max():.2e}")
+            for path in paths if path != fp32_path}
+        print(f"{name}: " + ", ".join(f"{p} {v:.0f} us" for p, v in med.items()), flush=True)
+    result = {"heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs, "threads": args.threads,
+              "reps": args.reps, "fp32_path": fp32_path, "rows": rows, "load_average": round(os.getloadavg()[0], 1),
+              "note": "medians of interleaved calls; on a shared machine compare rows only within this run"}
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
