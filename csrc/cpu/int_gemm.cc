@@ -45,6 +45,7 @@ struct IntGemmArgs {
 namespace int_scalar {
 
 struct Ops {
+  static constexpr int kChains = 1;  // the compiler vectorises each 16-lane loop on its own
   struct F {
     float v[16];
   };
@@ -92,6 +93,7 @@ struct Ops {
 namespace int_avx2 {
 
 struct Ops {
+  static constexpr int kChains = 4;  // 1 row x 4 panels, 2 x 2 (a few spills of the 16 registers, still faster)
   struct F {
     __m256 a, b;
   };
@@ -132,6 +134,7 @@ struct Ops {
 namespace int_avx512 {
 
 struct Ops {
+  static constexpr int kChains = 8;  // 1-2 rows x 4 panels, 3-4 rows x 2: accumulators, parts, weights fit 32
   using F = __m512;
   static F zero() { return _mm512_setzero_ps(); }
   static F splat(float s) { return _mm512_set1_ps(s); }

@@ -13,7 +13,8 @@
 
 // Each path's `Ops` (defined before the include) gives F, 16 fp32 lanes, and:
 //   i8(p) / u4(p, lo, hi): 16 int8 weights, or the low and high nibbles of 16 bytes, as F;
-//   splat(s), fma(a, b, c) = a * b + c (one rounding), mul, store(F, float*), load(const float*).
+//   splat(s), fma(a, b, c) = a * b + c (one rounding), mul, store(F, float*), load(const float*);
+//   kChains: how many accumulators a tile of few rows keeps in flight (rows x panels).
 using F = Ops::F;
 
 constexpr int kPanel = 16;
@@ -25,81 +26,136 @@ inline void store_cols(const F& v, const float* bias, int64_t ncols, float* dst)
   for (int64_t c = 0; c < ncols; ++c) dst[c] = tmp[c] + (bias != nullptr ? bias[c] : 0.0f);
 }
 
-template <int R>
-void tile_int8(const float* x, int64_t k, const int8_t* panel, const float* scale, const float* bias, int64_t ncols,
-               float* out, int64_t ldo) {
-  F acc[R];
+// R rows x P panels: every (row, panel) pair keeps its own accumulator. With one or two rows a
+// single panel gives one or two chains of dependent FMAs, latency-bound at a fraction of the
+// memory's speed (an MoE expert or a decode step gets 1-2 rows); P panels at once give R x P
+// independent chains over the same per-column arithmetic, so the results are the same bits
+// whatever P is. `rem` is the number of columns from the first panel's on (the last panel of N
+// may be partial).
+template <int R, int P>
+void tile_int8(const float* x, int64_t k, const int8_t* panel, int64_t panel_stride, const float* scale,
+               const float* bias, int64_t rem, float* out, int64_t ldo) {
+  F acc[R][P];
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) acc[r] = Ops::zero();
-  for (int64_t kk = 0; kk < k; ++kk) {
-    const F w = Ops::i8(panel + kk * kPanel);
+  for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) acc[r] = Ops::fma(Ops::splat(x[r * k + kk]), w, acc[r]);
+    for (int j = 0; j < P; ++j) acc[r][j] = Ops::zero();
   }
-  const F s = Ops::load(scale);
+  for (int64_t kk = 0; kk < k; ++kk) {
+    F w[P];
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) store_cols(Ops::mul(acc[r], s), bias, ncols, out + r * ldo);
-}
-
-template <int R>
-void tile_int4(const float* x, int64_t k, const float* xsum, int64_t groups, int64_t group, const uint8_t* panel,
-               const float* scale, const float* mins, const float* bias, int64_t ncols, float* out, int64_t ldo) {
-  F acc[R];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) acc[r] = Ops::zero();
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t p0 = g * group / 2, p1 = (g * group + group < k ? g * group + group : k) / 2;
-    F part[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) part[r] = Ops::zero();
-    for (int64_t p = p0; p < p1; ++p) {
-      F lo, hi;
-      Ops::u4(panel + p * kPanel, lo, hi);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        part[r] = Ops::fma(Ops::splat(x[r * k + 2 * p]), lo, part[r]);
-        part[r] = Ops::fma(Ops::splat(x[r * k + 2 * p + 1]), hi, part[r]);
-      }
-    }
-    const F s = Ops::load(scale + g * kPanel), mn = Ops::load(mins + g * kPanel);
+    for (int j = 0; j < P; ++j) w[j] = Ops::i8(panel + j * panel_stride + kk * kPanel);
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
-      acc[r] = Ops::fma(s, part[r], acc[r]);
-      acc[r] = Ops::fma(Ops::splat(xsum[r * groups + g]), mn, acc[r]);
+      const F xv = Ops::splat(x[r * k + kk]);
+#pragma GCC unroll 4
+      for (int j = 0; j < P; ++j) acc[r][j] = Ops::fma(xv, w[j], acc[r][j]);
     }
   }
 #pragma GCC unroll 4
-  for (int r = 0; r < R; ++r) store_cols(acc[r], bias, ncols, out + r * ldo);
+  for (int j = 0; j < P; ++j) {
+    const F s = Ops::load(scale + j * kPanel);
+    const int64_t ncols = rem - j * kPanel < kPanel ? rem - j * kPanel : kPanel;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      store_cols(Ops::mul(acc[r][j], s), bias != nullptr ? bias + j * kPanel : nullptr, ncols,
+                 out + r * ldo + j * kPanel);
+  }
 }
 
-// `rows` (1 .. kRows) rows of one panel.
-template <int R>
-void panel_rows(int rows, const IntGemmArgs& a, int64_t r0, int64_t panel) {
-  if constexpr (R > 1) {
-    if (rows < R) return panel_rows<R - 1>(rows, a, r0, panel);
+template <int R, int P>
+void tile_int4(const float* x, int64_t k, const float* xsum, int64_t groups, int64_t group, const uint8_t* panel,
+               int64_t panel_stride, const float* scale, const float* mins, int64_t scale_stride, const float* bias,
+               int64_t rem, float* out, int64_t ldo) {
+  F acc[R][P];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < P; ++j) acc[r][j] = Ops::zero();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t p0 = g * group / 2, p1 = (g * group + group < k ? g * group + group : k) / 2;
+    F part[R][P];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int j = 0; j < P; ++j) part[r][j] = Ops::zero();
+    }
+    for (int64_t p = p0; p < p1; ++p) {
+      F lo[P], hi[P];
+#pragma GCC unroll 4
+      for (int j = 0; j < P; ++j) Ops::u4(panel + j * panel_stride + p * kPanel, lo[j], hi[j]);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const F x0 = Ops::splat(x[r * k + 2 * p]), x1 = Ops::splat(x[r * k + 2 * p + 1]);
+#pragma GCC unroll 4
+        for (int j = 0; j < P; ++j) {
+          part[r][j] = Ops::fma(x0, lo[j], part[r][j]);
+          part[r][j] = Ops::fma(x1, hi[j], part[r][j]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < P; ++j) {
+      const F s = Ops::load(scale + j * scale_stride + g * kPanel), mn = Ops::load(mins + j * scale_stride + g * kPanel);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        acc[r][j] = Ops::fma(s, part[r][j], acc[r][j]);
+        acc[r][j] = Ops::fma(Ops::splat(xsum[r * groups + g]), mn, acc[r][j]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < P; ++j) {
+    const int64_t ncols = rem - j * kPanel < kPanel ? rem - j * kPanel : kPanel;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+      store_cols(acc[r][j], bias != nullptr ? bias + j * kPanel : nullptr, ncols, out + r * ldo + j * kPanel);
+  }
+}
+
+// Panels [panel, panel + count) (count <= P) of R rows from row r0.
+template <int R, int P>
+void tile_panels(int count, const IntGemmArgs& a, int64_t r0, int64_t panel) {
+  if constexpr (P > 1) {
+    if (count < P) return tile_panels<R, P - 1>(count, a, r0, panel);
   }
   const int64_t c0 = panel * kPanel;
-  const int64_t ncols = a.n - c0 < kPanel ? a.n - c0 : kPanel;
   const float* bias = a.bias != nullptr ? a.bias + c0 : nullptr;
   float* out = a.out + r0 * a.n + c0;
   if (a.bits == 8) {
-    tile_int8<R>(a.x + r0 * a.k, a.k, reinterpret_cast<const int8_t*>(a.w) + panel * a.k * kPanel,
-                 a.scales + panel * kPanel, bias, ncols, out, a.n);
+    tile_int8<R, P>(a.x + r0 * a.k, a.k, reinterpret_cast<const int8_t*>(a.w) + panel * a.k * kPanel, a.k * kPanel,
+                    a.scales + panel * kPanel, bias, a.n - c0, out, a.n);
   } else {
-    tile_int4<R>(a.x + r0 * a.k, a.k, a.xsum + r0 * a.groups, a.groups, a.group, a.w + panel * (a.k / 2) * kPanel,
-                 a.scales + panel * a.groups * kPanel, a.mins + panel * a.groups * kPanel, bias, ncols, out, a.n);
+    const int64_t scale_stride = a.groups * kPanel;
+    tile_int4<R, P>(a.x + r0 * a.k, a.k, a.xsum + r0 * a.groups, a.groups, a.group,
+                    a.w + panel * (a.k / 2) * kPanel, (a.k / 2) * kPanel, a.scales + panel * scale_stride,
+                    a.mins + panel * scale_stride, scale_stride, bias, a.n - c0, out, a.n);
   }
 }
 
-// Panels [pb, pe) for every row: a few panels (their weights stay in L1/L2) against every row
-// tile, then the next few.
+// Panels [pb, pe) of `rows` (1 .. kRows) rows from r0, P = Ops::kChains / rows (1 .. kMaxPanels)
+// panels at a time.
+constexpr int kMaxPanels = 4;
+template <int R>
+void panel_rows(int rows, const IntGemmArgs& a, int64_t r0, int64_t pb, int64_t pe) {
+  if constexpr (R > 1) {
+    if (rows < R) return panel_rows<R - 1>(rows, a, r0, pb, pe);
+  }
+  constexpr int kFit = Ops::kChains / R > 1 ? Ops::kChains / R : 1;
+  constexpr int P = kFit < kMaxPanels ? kFit : kMaxPanels;
+  for (int64_t p = pb; p < pe; p += P) tile_panels<R, P>(static_cast<int>(pe - p < P ? pe - p : P), a, r0, p);
+}
+
+// Panels [pb, pe) for every row. Up to kRows rows: one pass, P panels side by side. More: a few
+// panels (their weights stay in L1) against every row tile, then the next few.
 void panels(const IntGemmArgs& a, int64_t pb, int64_t pe) {
+  if (a.m <= kRows) return panel_rows<kRows>(static_cast<int>(a.m), a, 0, pb, pe);
   constexpr int64_t kChunk = 2;
   for (int64_t pc = pb; pc < pe; pc += kChunk) {
     const int64_t pce = pc + kChunk < pe ? pc + kChunk : pe;
     for (int64_t r = 0; r < a.m; r += kRows) {
-      const int rows = static_cast<int>(a.m - r < kRows ? a.m - r : kRows);
-      for (int64_t p = pc; p < pce; ++p) panel_rows<kRows>(rows, a, r, p);
+      panel_rows<kRows>(static_cast<int>(a.m - r < kRows ? a.m - r : kRows), a, r, pc, pce);
     }
   }
 }

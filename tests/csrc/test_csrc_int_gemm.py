@@ -67,6 +67,27 @@ def test_each_row_is_independent_of_the_batch(bits, path):
     np.testing.assert_array_equal(together, alone)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("bits", [8, 4])
+def test_each_column_is_independent_of_the_panels_beside_it(bits, path):
+    # A few rows run several 16-column panels side by side (their own accumulators): a column's
+    # result must be the same bits whether its panel is computed alone, in a group of panels or
+    # as the first of a wider matrix.
+    w = rng.standard_normal((K, 80)).astype(np.float32)
+    for m in (1, 2, 3, 4, 5, 16):
+        x = rng.standard_normal((m, K)).astype(np.float32)
+        outs = {}
+        for n in (16, 37, 80):
+            if bits == 8:
+                q, s = quantize_int8(w[:, :n])
+                packed = pack_int8(q, s)
+            else:
+                packed = pack_int4(quantize_int4(w[:, :n], 128))
+            outs[n] = int_linear(x, packed, bits, path, n=n)
+        np.testing.assert_array_equal(outs[80][:, :37], outs[37], err_msg=f"M={m}")
+        np.testing.assert_array_equal(outs[80][:, :16], outs[16], err_msg=f"M={m}")
+
+
 def test_the_paths_agree_and_pack_unpack_round_trips():
     for bits in (8, 4):
         packed, wd = weights(bits)
