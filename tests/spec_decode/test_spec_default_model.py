@@ -55,8 +55,11 @@ def test_structured_outputs_validate_with_speculation(spec_llm, smol_llm):
                                      {"frequency_penalty": 0.3}, {"min_tokens": 40},
                                      {"bad_words": ["mul", "x - y"]}], ids=lambda s: next(iter(s)))
 def test_output_dependent_settings_copy_with_drafts_accepted(spec_llm, smol_llm, setting):
-    """Penalties, min_tokens and bad words: greedy output as without speculation, drafts still accepted."""
-    prompts = [_chat(spec_llm, "Repeat this code exactly:\n" + CODE), _chat(spec_llm, "What is 2 + 2?")]
+    """Penalties, min_tokens and bad words: greedy output as without speculation, drafts still accepted.
+
+    The second prompt's greedy answer ends (EOS) well before 40 tokens on every attention path
+    (23-30 tokens), so min_tokens=40 changes it."""
+    prompts = [_chat(spec_llm, "Repeat this code exactly:\n" + CODE), _chat(spec_llm, "Is water wet? Answer yes or no.")]
     params = SamplingParams(temperature=0, max_tokens=48, **setting)
     plain = [o.outputs[0].token_ids for o in smol_llm.generate(prompts, params)]
     unset = [o.outputs[0].token_ids for o in smol_llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48))]
