@@ -12,10 +12,8 @@ JSON also records how far each path's output is from the fp32 path's.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import time
+
+from interleaved import interleaved_medians, write_result
 
 # (name, sequences, cached context, new tokens per sequence)
 CASES = [("decode 16 x 330", 16, 330, 1), ("decode 1 x 330", 1, 330, 1), ("decode 16 x 1000", 16, 1000, 1),
@@ -63,25 +61,15 @@ def main() -> None:
                                        h, d**-0.5, isa)
 
         outputs = {path: call(isa).numpy() for path, isa in paths.items()}
-        times: dict[str, list[float]] = {path: [] for path in paths}
-        for _ in range(args.reps):
-            for path, isa in paths.items():
-                t0 = time.perf_counter()
-                call(isa)
-                times[path].append((time.perf_counter() - t0) * 1e6)
-        med = {path: statistics.median(t) for path, t in times.items()}
+        med = interleaved_medians({path: lambda isa=isa: call(isa) for path, isa in paths.items()}, args.reps)
         ref = outputs[fp32_path]
         rows[name] = {f"{path}_us": round(v, 1) for path, v in med.items()} | {
             f"{path}_speedup": round(med[fp32_path] / v, 2) for path, v in med.items() if path != fp32_path} | {
             f"{path}_max_rel_diff": float(f"{np.abs(outputs[path] - ref).max() / np.abs(ref).max():.2e}")
             for path in paths if path != fp32_path}
         print(f"{name}: " + ", ".join(f"{p} {v:.0f} us" for p, v in med.items()), flush=True)
-    result = {"heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs, "threads": args.threads,
-              "reps": args.reps, "fp32_path": fp32_path, "rows": rows, "load_average": round(os.getloadavg()[0], 1),
-              "note": "medians of interleaved calls; on a shared machine compare rows only within this run"}
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+    write_result(args.out, {"heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs, "threads": args.threads,
+                            "reps": args.reps, "fp32_path": fp32_path, "rows": rows})
 
 
 if __name__ == "__main__":

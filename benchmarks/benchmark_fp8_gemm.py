@@ -10,10 +10,8 @@ take turns call by call, so load from other work hits them alike; medians of ``-
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import time
+
+from interleaved import interleaved_medians, write_result
 
 
 def main() -> None:
@@ -49,27 +47,13 @@ def main() -> None:
         for path in fp8_kernel_paths():
             calls[f"fp8-{path}"] = lambda x=x, isa=KERNEL_PATHS[path]: ops.fp8_linear(
                 x, qweight, packed_scales, None, args.n, group, isa)
-        times: dict[str, list[float]] = {name: [] for name in calls}
         inner = max(1, 2000 // (m * 10))  # calls per timing: ~ms-scale timings at every M
-        for fn in calls.values():
-            fn()
-        for _ in range(args.reps):
-            for name, fn in calls.items():
-                t0 = time.perf_counter()
-                for _ in range(inner):
-                    fn()
-                times[name].append((time.perf_counter() - t0) / inner * 1e6)
-        med = {name: statistics.median(t) for name, t in times.items()}
+        med = interleaved_medians(calls, args.reps, inner)
         rows[f"M={m}"] = {f"{name}_us": round(v, 1) for name, v in med.items()} | {
             f"{name}_vs_bf16": round(v / med["bf16-linear"], 3) for name, v in med.items() if name != "bf16-linear"}
         print(f"M={m}: " + ", ".join(f"{n} {v:.1f} us" for n, v in med.items()), flush=True)
-    result = {"k": args.k, "n": args.n, "threads": args.threads, "reps": args.reps, "rows": rows,
-              "weight_bytes": {"fp8": int(qweight.numel()), "bf16": 2 * args.k * args.n},
-              "load_average": round(os.getloadavg()[0], 1),
-              "note": "medians of interleaved calls; on a shared machine compare rows only within this run"}
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+    write_result(args.out, {"k": args.k, "n": args.n, "threads": args.threads, "reps": args.reps, "rows": rows,
+                            "weight_bytes": {"fp8": int(qweight.numel()), "bf16": 2 * args.k * args.n}})
 
 
 if __name__ == "__main__":

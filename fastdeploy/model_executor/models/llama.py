@@ -231,7 +231,7 @@ class LlamaDecoderLayer(nn.Layer):
             o.weight, o.bias, norm_post.weight, gu.weight, gu.bias, down.weight, down.bias, attn.num_heads,
             self.intermediate_size, norm_in.variance_epsilon, qk_eps, attn.rotary_emb.is_neox_style, attn.attn.scale,
             qkv.dtype, qkv.segments, o.segments, gu.segments, down.segments, qkv.gguf_isa,
-            getattr(attn.attn.impl, "attn_isa", 0),
+            attn.attn.impl.attn_isa,
         )  # fmt: skip
         return before, after
 

@@ -87,6 +87,9 @@ class PaddleAttentionImpl:
     """
 
     _plan: _StepPlan | None = None  # shared by the layers of one forward
+    # The C++ kernels' attention path (OpBackend.attn_isa) for the fused decoder layer; 0 (fp32) unless
+    # a kernel implementation sets it from the platform.
+    attn_isa: int = 0
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int | None = None) -> None:
         self.num_heads = num_heads
