@@ -195,7 +195,7 @@ def fp8_linear(x: paddle.Tensor, qweight: paddle.Tensor, scales: paddle.Tensor, 
                group: int, isa: int) -> paddle.Tensor:
     """``x [..., K] @ W (+ bias)`` -> ``[..., n]`` fp32 with e4m3 weights widened in registers (csrc/cpu/fp8_gemm.cc).
 
-    ``qweight``/``scales`` are in the layout of ``fp8_gemm_impl.h``
+    ``qweight``/``scales`` are in the layout of ``pair_gemm_impl.h``
     (:func:`fastdeploy.model_executor.layers.quantization.fp8.pack_fp8`), ``group`` (even) rows of K per
     scale; ``isa`` the kernel path (0 scalar, 1 AVX2, 2 AVX-512, 3 AVX512-BF16), chosen by the platform.
     """

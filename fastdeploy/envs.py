@@ -10,8 +10,9 @@ FD_CPU_KERNELS          "0" turns the C++ kernels (csrc/cpu) off: plain Paddle o
 FD_CPU_GGUF_KERNEL      the block-kernel path of --quantization gguf: "auto" (default: the best this CPU runs,
                         avx512-vnni > avx2 > scalar) or one of them by name; a path the CPU cannot run is refused.
 FD_CPU_INT_KERNEL       the kernel path of the integer formats (--quantization wint8, wint4, w8a8, awq, gptq):
-                        "auto" (default: the best this CPU runs, onednn > avx512 > avx2 > scalar; onednn is
-                        oneDNN's weight-decompression matmul on AVX512-BF16/AMX, for the weight-only formats)
+                        "auto" (default: the best this CPU runs, avx512-bf16 > avx512 > avx2 > scalar;
+                        avx512-bf16 rounds a bf16 model's activations to bf16 for bf16 dot products; onednn,
+                        oneDNN's weight-decompression matmul on AVX512-BF16/AMX for the weight-only formats, on request)
                         or one of them by name; "scalar" also runs w8a8 in portable C++ instead of oneDNN. A path the CPU cannot run is refused.
 FD_CPU_ATTENTION_KERNEL the paged-attention path: "auto" (default: the best this CPU runs, avx512-bf16 > the
                         build's fp32 path avx512 / avx2 / scalar) or one of them by name; avx512-bf16 multiplies bf16
@@ -117,8 +118,8 @@ def cpu_gguf_kernel() -> str:
 
 
 def cpu_int_kernel() -> str:
-    """FD_CPU_INT_KERNEL: the integer-format kernel path ("auto", "onednn", "avx512", "avx2" or "scalar")."""
-    return _kernel_path("FD_CPU_INT_KERNEL", ("onednn", "avx512", "avx2", "scalar"))
+    """FD_CPU_INT_KERNEL: the integer-format kernel path ("auto", "avx512-bf16", "onednn", "avx512", "avx2" or "scalar")."""
+    return _kernel_path("FD_CPU_INT_KERNEL", ("avx512-bf16", "onednn", "avx512", "avx2", "scalar"))
 
 
 def cpu_fp8_kernel() -> str:

@@ -69,6 +69,19 @@ inline void store_row(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
 }
 
+// Rows of x [m, k] rounded to bf16 once, in pairs: word j of row r holds x[r, 2j] in its low half
+// and x[r, 2j + 1] in its high one (a zero past an odd K); the activations of the bf16 dot-product
+// kernels (pair_gemm_bf16.h).
+inline void bf16_pairs(const float* x, int64_t m, int64_t k, std::vector<uint32_t>& out) {
+  const int64_t kh = (k + 1) / 2;
+  out.assign(m * kh, 0);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) {
+      out[r * kh + i / 2] |= static_cast<uint32_t>(float_to_bf16(x[r * k + i])) << (16 * (i & 1));
+    }
+  }
+}
+
 inline void check_cpu_contiguous(const paddle::Tensor& t, const char* name) {
   PD_CHECK(t.is_cpu(), std::string(name) + " must be a CPU tensor.");
   PD_CHECK(t.is_contiguous(), std::string(name) + " must be contiguous.");

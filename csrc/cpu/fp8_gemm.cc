@@ -4,7 +4,8 @@
 // registers, 16 output columns at a time, with a scale per column and group of K rows
 // (per channel: one group; DeepSeek-V3's 128x128 blocks: groups of 128). e4m3 has a sign, 4
 // exponent bits (bias 7) and 3 mantissa bits; codes 0x7F / 0xFF are NaN and there is no
-// infinity; exponent 0 holds the subnormals m * 2^-9. Layout and arithmetic: fp8_gemm_impl.h.
+// infinity; exponent 0 holds the subnormals m * 2^-9. Layout and arithmetic: pair_gemm_impl.h
+// (a k pair of 16 columns is 32 codes: column c, half h at byte 2c + h).
 //
 // Four paths over that one template, each compiled for its own instructions (`#pragma GCC
 // target`) whatever CPU builds the library; the platform picks one at start-up
@@ -74,9 +75,15 @@ struct Ops {
   using Acc = W;
   using X = float;
   static constexpr int kRows = 4, kPanels = 1;
+  static constexpr int64_t kPairBytes = 32;
   const float* table = tables().f32;
 
   static F zero() { return F{}; }
+  static F splat(float s) {
+    F r;
+    for (float& f : r.v) f = s;
+    return r;
+  }
   static F load(const float* p) {
     F r;
     std::memcpy(r.v, p, sizeof(r.v));
@@ -103,7 +110,7 @@ struct Ops {
   }
 };
 
-#include "fp8_gemm_impl.h"
+#include "pair_gemm_impl.h"
 
 }  // namespace fp8_scalar
 
@@ -123,8 +130,10 @@ struct Ops {
   using Acc = W;
   using X = float;
   static constexpr int kRows = 2, kPanels = 1;
+  static constexpr int64_t kPairBytes = 32;
 
   static F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static F splat(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
   static F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
   static void store(const F& v, float* p) {
     _mm256_storeu_ps(p, v.a);
@@ -162,7 +171,7 @@ struct Ops {
   static F sum(const Acc& acc) { return {columns(acc.v[0], acc.v[1]), columns(acc.v[2], acc.v[3])}; }
 };
 
-#include "fp8_gemm_impl.h"
+#include "pair_gemm_impl.h"
 
 }  // namespace fp8_avx2
 #pragma GCC pop_options
@@ -194,21 +203,7 @@ struct Bf16Decoder {
   }
 };
 
-// F and the scale step of both AVX-512 paths.
-struct Ops512 {
-  using F = __m512;
-  struct Acc {
-    __m512 c[2];  // the even and the odd k pairs
-  };
-  // Two panels per tile: each activation broadcast feeds both.
-  static constexpr int kRows = 4, kPanels = 2;
-  static F zero() { return _mm512_setzero_ps(); }
-  static F load(const float* p) { return _mm512_loadu_ps(p); }
-  static void store(F v, float* p) { _mm512_storeu_ps(p, v); }
-  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static Acc zero_acc() { return {{_mm512_setzero_ps(), _mm512_setzero_ps()}}; }
-  static F sum(const Acc& acc) { return _mm512_add_ps(acc.c[0], acc.c[1]); }
-};
+#include "pair_gemm_avx512.h"
 
 }  // namespace fp8_avx512_decode
 
@@ -219,6 +214,7 @@ struct Ops : fp8_avx512_decode::Ops512 {
     __m512 k0, k1;
   };
   using X = float;
+  static constexpr int64_t kPairBytes = 32;
   fp8_avx512_decode::Bf16Decoder decoder;
 
   W decode(const uint8_t* p) const {
@@ -232,7 +228,7 @@ struct Ops : fp8_avx512_decode::Ops512 {
   }
 };
 
-#include "fp8_gemm_impl.h"
+#include "pair_gemm_impl.h"
 
 }  // namespace fp8_avx512
 #pragma GCC pop_options
@@ -241,21 +237,17 @@ struct Ops : fp8_avx512_decode::Ops512 {
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")
 namespace fp8_avx512_bf16 {
 
-struct Ops : fp8_avx512_decode::Ops512 {
-  struct W {
-    __m512i v;
-  };
-  using X = uint32_t;  // (bf16 x[2j], bf16 x[2j+1]) in one word
+using fp8_avx512_decode::Ops512;
+#include "pair_gemm_bf16.h"
+
+struct Ops : OpsBf16 {
+  static constexpr int64_t kPairBytes = 32;
   fp8_avx512_decode::Bf16Decoder decoder;
 
   W decode(const uint8_t* p) const { return {decoder.bf16x32(p)}; }
-  static void madd(Acc& acc, const uint32_t* x, int64_t j, const W& w, int chain) {
-    acc.c[chain] = _mm512_dpbf16_ps(acc.c[chain], reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(x[j]))),
-                                    reinterpret_cast<__m512bh>(w.v));
-  }
 };
 
-#include "fp8_gemm_impl.h"
+#include "pair_gemm_impl.h"
 
 }  // namespace fp8_avx512_bf16
 #pragma GCC pop_options
@@ -279,22 +271,16 @@ bool fp8_isa_supported(int isa) {
 
 }  // namespace
 
-// out[m, n] = x[m, k] @ W (+ bias), W in fp8_gemm_impl.h's layout with `group` (even) rows of K per scale.
+// out[m, n] = x[m, k] @ W (+ bias), W in pair_gemm_impl.h's layout with `group` (even) rows of K per scale.
 void fp8_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t group, const float* scales,
               const float* bias, int64_t n, int isa, float* out) {
   if (m == 0 || n == 0) return;
   PD_CHECK(fp8_isa_supported(isa), "fd_fp8_linear: this CPU cannot run kernel path " + std::to_string(isa) + ".");
   const int64_t kh = (k + 1) / 2, group_pairs = group / 2, groups = (kh + group_pairs - 1) / group_pairs;
   if (isa == kFp8Avx512Bf16) {
-    // Each row rounded to bf16 once, in pairs (a zero past an odd K).
     thread_local std::vector<uint32_t> xb;
-    xb.assign(m * kh, 0);
-    for (int64_t r = 0; r < m; ++r) {
-      for (int64_t i = 0; i < k; ++i) {
-        xb[r * kh + i / 2] |= static_cast<uint32_t>(float_to_bf16(x[r * k + i])) << (16 * (i & 1));
-      }
-    }
-    fp8_avx512_bf16::gemm(xb.data(), m, kh, kh, w, groups, group_pairs, scales, bias, n, out);
+    bf16_pairs(x, m, k, xb);
+    fp8_avx512_bf16::gemm(xb.data(), m, kh, kh, w, groups, group_pairs, scales, nullptr, nullptr, bias, n, out);
     return;
   }
   const float* xs = x;
@@ -305,9 +291,9 @@ void fp8_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t gr
     xs = padded.data();
   }
   switch (isa) {
-    case kFp8Avx512: fp8_avx512::gemm(xs, m, 2 * kh, kh, w, groups, group_pairs, scales, bias, n, out); break;
-    case kFp8Avx2: fp8_avx2::gemm(xs, m, 2 * kh, kh, w, groups, group_pairs, scales, bias, n, out); break;
-    default: fp8_scalar::gemm(xs, m, 2 * kh, kh, w, groups, group_pairs, scales, bias, n, out); break;
+    case kFp8Avx512: fp8_avx512::gemm(xs, m, 2 * kh, kh, w, groups, group_pairs, scales, nullptr, nullptr, bias, n, out); break;
+    case kFp8Avx2: fp8_avx2::gemm(xs, m, 2 * kh, kh, w, groups, group_pairs, scales, nullptr, nullptr, bias, n, out); break;
+    default: fp8_scalar::gemm(xs, m, 2 * kh, kh, w, groups, group_pairs, scales, nullptr, nullptr, bias, n, out); break;
   }
 }
 

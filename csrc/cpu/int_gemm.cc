@@ -1,14 +1,20 @@
 // Integer weights of a bf16/fp32 checkpoint quantized at load (wint8 / wint4) or stored
-// quantized (AWQ / GPTQ), multiplied with fp32 activations: W8A16 and W4A16.
+// quantized (AWQ / GPTQ), multiplied with fp32 or bf16 activations: W8A16 and W4A16.
 //
 // The weights stay integers in memory (a quarter or an eighth of fp32's bytes, which is what
-// a decode step reads) and are widened to fp32 in registers, 16 output columns at a time; the
-// multiply-adds are fp32 FMAs. Layouts and the arithmetic: int_gemm_impl.h.
+// a decode step reads) and are widened in registers, 16 output columns at a time. Layouts and
+// the fp32 arithmetic: int_gemm_impl.h.
 //
-// Three paths over that one template: "avx512" (one 512-bit register per 16 columns), "avx2"
-// (two 256-bit ones) and "scalar" (portable C++). Each is compiled for its own instructions
-// (`#pragma GCC target`) whatever CPU builds the library; the platform picks one at start-up
-// (fastdeploy/platforms/cpu.py, FD_CPU_INT_KERNEL) and the op refuses a path the CPU cannot run.
+// Four paths, each compiled for its own instructions (`#pragma GCC target`) whatever CPU builds
+// the library; the platform picks one at start-up (fastdeploy/platforms/cpu.py,
+// FD_CPU_INT_KERNEL) and the op refuses a path the CPU cannot run:
+//   "avx512-bf16": pairs of K rows widened to bf16 (exact: the integers fit bf16's 8 bits),
+//                  `vdpbf16ps` with the activations rounded to bf16 (the model computes in
+//                  bf16), on pair_gemm_impl.h (fp8_gemm.cc's template): a prefill's panels are
+//                  widened once into a buffer that every row tile reads, so it runs at the bf16
+//                  dot products' rate, twice fp32 FMAs';
+//   "avx512", "avx2", "scalar": int_gemm_impl.h's fp32 FMAs on fp32 activations, one 512-bit
+//                  register, two 256-bit ones or portable C++ per 16 columns.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -30,6 +36,7 @@ struct IntGemmArgs {
   const float* x;     // [m, k]
   const float* xsum;  // [m, groups]: sum of x over each group (int4)
   int64_t m, k, n, groups, group;
+  int64_t kp;  // int8 panel rows: K rounded up to even (the bf16 path reads rows in pairs)
   int bits;
   const uint8_t* w;
   const float* scales;
@@ -157,6 +164,56 @@ struct Ops {
 }  // namespace int_avx512
 #pragma GCC pop_options
 
+// -------------------------------------------------------------------- AVX512-BF16 path
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")
+namespace int_avx512_bf16 {
+
+#include "pair_gemm_avx512.h"
+#include "pair_gemm_bf16.h"
+
+// Pair j of an int8 panel is its rows 2j and 2j+1, 16 bytes each. A small integer's bf16 is the
+// top half of its fp32 (exact), so the pair's lanes are k0's top half shifted down and k1's.
+struct Int8Ops : OpsBf16 {
+  static constexpr int64_t kPairBytes = 2 * kIntPanel;
+  static __m512i fp32_bits(const uint8_t* p) {
+    return _mm512_castps_si512(
+        _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))));
+  }
+  W decode(const uint8_t* p) const {
+    return {_mm512_mask_blend_epi16(0xAAAAAAAAu, _mm512_srli_epi32(fp32_bits(p), 16), fp32_bits(p + kIntPanel))};
+  }
+};
+
+// Pair j of an int4 panel is its byte row j: q[2j] in each low nibble, q[2j+1] in the high one;
+// both nibbles index a table of the bf16 of 0..15.
+struct Int4Ops : OpsBf16 {
+  static constexpr int64_t kPairBytes = kIntPanel;
+  static constexpr uint16_t kBf16[32] = {0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+                                         0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
+  __m512i table = _mm512_loadu_si512(kBf16);
+  W decode(const uint8_t* p) const {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m512i idx = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32(15)),
+                                        _mm512_slli_epi32(_mm512_srli_epi32(b, 4), 16));
+    return {_mm512_permutexvar_epi16(idx, table)};
+  }
+};
+
+namespace int8 {
+using Ops = Int8Ops;
+#include "pair_gemm_impl.h"
+}  // namespace int8
+
+namespace int4 {
+using Ops = Int4Ops;
+#include "pair_gemm_impl.h"
+}  // namespace int4
+
+}  // namespace int_avx512_bf16
+#pragma GCC pop_options
+
 // ------------------------------------------------------------------------------ entry points
 
 namespace {
@@ -167,6 +224,9 @@ bool int_isa_supported(int isa) {
     case kIntScalar: return true;
     case kIntAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case kIntAvx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    case kIntAvx512Bf16:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
     default: return false;
   }
 }
@@ -175,7 +235,7 @@ bool int_isa_supported(int isa) {
 
 int64_t int_packed_bytes(int bits, int64_t k, int64_t n) {
   const int64_t panels = (n + kIntPanel - 1) / kIntPanel;
-  return bits == 8 ? panels * k * kIntPanel : panels * (k / 2) * kIntPanel;
+  return bits == 8 ? panels * (k + (k & 1)) * kIntPanel : panels * (k / 2) * kIntPanel;
 }
 
 void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, int64_t group, const float* scales,
@@ -185,15 +245,31 @@ void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, 
   const int64_t groups = bits == 4 ? (k + group - 1) / group : 1;
   thread_local std::vector<float> xsum_buf;
   xsum_buf.assign(bits == 4 ? m * groups : 0, 0.0f);
-  // Sum of each group's activations, left to right (the min term of int4 weights).
+  // Sum of each group's activations, left to right (the min term of int4 weights), of the values
+  // the path multiplies (bf16 on the bf16 path).
+  const bool bf16 = isa == kIntAvx512Bf16;
   for (int64_t r = 0; r < m && bits == 4; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       float s = 0.0f;
-      for (int64_t i = g * group; i < std::min(k, (g + 1) * group); ++i) s += x[r * k + i];
+      for (int64_t i = g * group; i < std::min(k, (g + 1) * group); ++i) {
+        s += bf16 ? bf16_to_float(float_to_bf16(x[r * k + i])) : x[r * k + i];
+      }
       xsum_buf[r * groups + g] = s;
     }
   }
-  const IntGemmArgs args{x, xsum_buf.data(), m, k, n, groups, group, bits, w, scales, mins, bias, out};
+  if (bf16) {
+    thread_local std::vector<uint32_t> xb;
+    bf16_pairs(x, m, k, xb);
+    const int64_t kh = (k + 1) / 2;
+    if (bits == 8) {
+      int_avx512_bf16::int8::gemm(xb.data(), m, kh, kh, w, 1, kh, scales, nullptr, nullptr, bias, n, out);
+    } else {
+      int_avx512_bf16::int4::gemm(xb.data(), m, kh, kh, w, groups, group / 2, scales, mins, xsum_buf.data(), bias, n,
+                                  out);
+    }
+    return;
+  }
+  const IntGemmArgs args{x, xsum_buf.data(), m, k, n, groups, group, k + (k & 1), bits, w, scales, mins, bias, out};
   // Each thread takes a contiguous range of panels: the weights are read once in all, and which
   // thread computes a column changes nothing in it.
   const int64_t panels = (n + kIntPanel - 1) / kIntPanel;

@@ -2,7 +2,8 @@
 // set's namespace (and `#pragma GCC target`) after that set's `Ops`.
 //
 // Layouts (built by fastdeploy/model_executor/layers/quantization/int_kernels.py):
-//   int8: [ceil(N/16)][K][16] int8, one panel of 16 output columns, zero past N;
+//   int8: [ceil(N/16)][Kp][16] int8, one panel of 16 output columns, zero past N and in the row
+//         that rounds K up to an even Kp (int_gemm.cc's bf16 path reads the rows in pairs);
 //         scales [ceil(N/16)][16]: out = scale * sum_k x[k] * q[k].
 //   int4: [ceil(N/16)][K/2][16] uint8, q[2p] in the low nibble, q[2p+1] in the high one (0..15);
 //         scales and mins [ceil(N/16)][G][16] for G = ceil(K / group) groups:
@@ -124,7 +125,7 @@ void tile_panels(int count, const IntGemmArgs& a, int64_t r0, int64_t panel) {
   const float* bias = a.bias != nullptr ? a.bias + c0 : nullptr;
   float* out = a.out + r0 * a.n + c0;
   if (a.bits == 8) {
-    tile_int8<R, P>(a.x + r0 * a.k, a.k, reinterpret_cast<const int8_t*>(a.w) + panel * a.k * kPanel, a.k * kPanel,
+    tile_int8<R, P>(a.x + r0 * a.k, a.k, reinterpret_cast<const int8_t*>(a.w) + panel * a.kp * kPanel, a.kp * kPanel,
                     a.scales + panel * kPanel, bias, a.n - c0, out, a.n);
   } else {
     const int64_t scale_stride = a.groups * kPanel;

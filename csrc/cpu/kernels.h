@@ -54,8 +54,9 @@ void fused_moe(const float* x, int64_t num_tokens, int64_t hidden, const int64_t
                int64_t w2_stride, int64_t num_experts, int64_t inter, bool bf16, float* out);
 
 // int_gemm.cc: out[m, n] = x[m, k] @ W (+ bias) with W integers (8 bits per channel, or 4 bits
-// per group of `group` rows of K) in 16-column panels, widened to fp32 in registers.
-enum IntIsa : int { kIntScalar = 0, kIntAvx2 = 1, kIntAvx512 = 2 };
+// per group of `group` rows of K) in 16-column panels, widened in registers (to fp32, or to bf16
+// on the AVX512-BF16 path).
+enum IntIsa : int { kIntScalar = 0, kIntAvx2 = 1, kIntAvx512 = 2, kIntAvx512Bf16 = 3 };
 constexpr int64_t kIntPanel = 16;
 int64_t int_packed_bytes(int bits, int64_t k, int64_t n);
 void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, int64_t group, const float* scales,

@@ -68,7 +68,8 @@ def gguf_kernel_path() -> str:
 def int_kernel_paths() -> list[str]:
     """The integer-weight kernel paths this CPU can run, best first.
 
-    csrc/cpu/int_gemm.cc's AVX-512 path first, then ``onednn``: oneDNN's weight-decompression matmul
+    csrc/cpu/int_gemm.cc's bf16 dot products (``vdpbf16ps``) on AVX512-BF16 first (a bf16 model's
+    layers; an fp32 model keeps fp32 activations on the next), its AVX-512 fp32 path, then ``onednn``: oneDNN's weight-decompression matmul
     (csrc/cpu/linear.cc), bf16 activations on AVX512-BF16 / AMX units (without them oneDNN 3.6 runs
     it in its reference code, hundreds of times slower), then int_gemm's AVX2 and plain C++. oneDNN
     is opt-in (``FD_CPU_INT_KERNEL=onednn``): measured on an AVX512-BF16 EPYC (no AMX), one thread,
@@ -77,7 +78,7 @@ def int_kernel_paths() -> list[str]:
     """
     flags = cpu_flags()
     avx512 = {"avx512f", "avx512bw"} <= flags
-    paths = ["avx512"] if avx512 else []
+    paths = (["avx512-bf16"] if avx512 and {"avx512vl", "avx512_bf16"} <= flags else []) + (["avx512"] if avx512 else [])
     paths += ["onednn"] if avx512 and flags & {"avx512_bf16", "amx_bf16"} else []
     return paths + (["avx2"] if cpu_has_avx2_fma() else []) + ["scalar"]
 

@@ -52,7 +52,7 @@ class OpBackend:
     # or "paddle" (not built: the format is refused).
     gguf: str = "paddle"
     # Integer weight kernels (wint8 / wint4 / awq / gptq): "onednn" (csrc/cpu/linear.cc's weight
-    # decompression), or csrc/cpu/int_gemm.cc's "avx512", "avx2", "scalar"
+    # decompression), or csrc/cpu/int_gemm.cc's "avx512-bf16", "avx512", "avx2", "scalar"
     # or "paddle" (not built: the formats are refused).
     int_gemm: str = "paddle"
     # W8A8: "onednn" (oneDNN's int8 matmul, csrc/cpu/linear.cc), "scalar" (portable C++) or "paddle" (refused);

@@ -1,8 +1,9 @@
 """fd_int_linear (csrc/cpu/int_gemm.cc) against reference dequantization + fp64 matmul.
 
 Every path this CPU runs (FD_CPU_INT_KERNEL's names) is checked: every row-tile height and
-remainder, a column count off the 16-column panel, a part-filled last int4 group, a bias; and
-every row's result must not depend on the rest of the batch (bit for bit).
+remainder, a column count off the 16-column panel, a part-filled last int4 group, a bias, an odd
+K for int8; and every row's result must not depend on the rest of the batch (bit for bit). The
+avx512-bf16 path's reference takes the activations rounded to bf16, as its dot products do.
 """
 
 import numpy as np
@@ -20,6 +21,7 @@ from fastdeploy.model_executor.layers.quantization.int_kernels import (
     unpack_int8,
 )
 from fastdeploy.platforms.cpu import int_kernel_paths
+from tests.csrc.conftest import bf16_round
 
 rng = np.random.default_rng(0)
 # int_gemm.cc's paths (the platform's "onednn" one is tests/csrc/test_csrc_weight_only_onednn.py's).
@@ -36,6 +38,11 @@ def int_linear(x, packed, bits, path, bias=None, group=128, n=N):
     return ops.int_linear(paddle.to_tensor(x), t[0], t[1], mins, b, n, bits, group, KERNEL_PATHS[path]).numpy()
 
 
+def activations(x, path):
+    """What the path multiplies: bf16 dot products round the activations."""
+    return (bf16_round(x) if path == "avx512-bf16" else x).astype(np.float64)
+
+
 def weights(bits, k=K, n=N, group=128):
     w = rng.standard_normal((k, n)).astype(np.float32)
     if bits == 8:
@@ -47,14 +54,15 @@ def weights(bits, k=K, n=N, group=128):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("bits", [8, 4])
-def test_matches_dequantized_weights_times_fp32_activations(bits, path):
-    packed, wd = weights(bits)
-    bias = rng.standard_normal(N).astype(np.float32)
-    for m in ROWS:
-        x = rng.standard_normal((m, K)).astype(np.float32)
-        got = int_linear(x, packed, bits, path, bias)
-        want = x.astype(np.float64) @ wd + bias
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max(), err_msg=f"M={m}")
+def test_matches_dequantized_weights_times_the_activations(bits, path):
+    for k in (K, K - 1) if bits == 8 else (K,):  # an odd K: the int8 panel's zero row pairs the last one
+        packed, wd = weights(bits, k)
+        bias = rng.standard_normal(N).astype(np.float32)
+        for m in ROWS:
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            got = int_linear(x, packed, bits, path, bias)
+            want = activations(x, path) @ wd + bias
+            np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max(), err_msg=f"K={k} M={m}")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -89,13 +97,14 @@ def test_each_column_is_independent_of_the_panels_beside_it(bits, path):
 
 
 def test_the_paths_agree_and_pack_unpack_round_trips():
-    for bits in (8, 4):
-        packed, wd = weights(bits)
-        x = rng.standard_normal((6, K)).astype(np.float32)
+    for bits, k in ((8, K), (8, K - 1), (4, K)):
+        packed, wd = weights(bits, k)
+        # bf16-exact activations: every path then multiplies the same numbers.
+        x = bf16_round(rng.standard_normal((6, k)).astype(np.float32))
         outs = [int_linear(x, packed, bits, p) for p in PATHS]
         for o in outs[1:]:
             np.testing.assert_allclose(o, outs[0], rtol=0, atol=1e-5 * np.abs(outs[0]).max())
-        dense = unpack_int8(*packed, K, N) if bits == 8 else unpack_int4(*packed, K, N, 128)
+        dense = unpack_int8(*packed, k, N) if bits == 8 else unpack_int4(*packed, k, N, 128)
         np.testing.assert_allclose(dense, wd, rtol=0, atol=1e-6)
 
 

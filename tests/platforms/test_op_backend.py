@@ -177,14 +177,15 @@ def test_fd_cpu_int_kernel_picks_the_integer_paths(monkeypatch):
         assert cpu.int_kernel_path() == path
     assert cpu.w8a8_kernel(built) == ("scalar", 127)  # FD_CPU_INT_KERNEL=scalar: the portable W8A8 too
     monkeypatch.setenv("FD_CPU_INT_KERNEL", "avx9")
-    with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL must be auto, onednn, avx512, avx2 or scalar"):
+    with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL must be auto, avx512-bf16, onednn, avx512, avx2 or scalar"):
         cpu.int_kernel_path()
-    # int_gemm.cc's AVX-512 path by default (decode), oneDNN's weight decompression on AVX512-BF16 (or AMX) on request.
-    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16"}))
+    # int_gemm.cc's bf16 dot products by default on AVX512-BF16, oneDNN's weight decompression on request.
+    monkeypatch.setattr(cpu, "cpu_flags",
+                        lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"}))
     monkeypatch.setattr(cpu, "cpu_has_avx2_fma", lambda: True)
     monkeypatch.setenv("FD_CPU_INT_KERNEL", "auto")
-    assert cpu.int_kernel_paths() == ["avx512", "onednn", "avx2", "scalar"]
-    assert cpu.int_kernel_choice(built | {"fd_weight_only_linear"}) == "avx512"
+    assert cpu.int_kernel_paths() == ["avx512-bf16", "avx512", "onednn", "avx2", "scalar"]
+    assert cpu.int_kernel_choice(built | {"fd_weight_only_linear"}) == "avx512-bf16"
     monkeypatch.setenv("FD_CPU_INT_KERNEL", "onednn")
     assert cpu.int_kernel_choice(built | {"fd_weight_only_linear"}) == "onednn"
     with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL=onednn: the kernels were built without oneDNN"):

@@ -38,6 +38,7 @@ from fastdeploy.model_executor.custom_op import get_op_backend
 from fastdeploy.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+from fastdeploy.model_executor.layers.quantization.int_kernels import path_for_dtype
 from fastdeploy.model_executor.layers.quantization.weight_only import is_quantized_layer, refuse_gguf
 from fastdeploy.model_executor.utils import new_parameter
 
@@ -86,7 +87,7 @@ def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def pack_fp8(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's ``(qweight uint8, scales fp32)`` of e4m3 ``codes [K, N]`` with ``scales [G, N]``
-    (one row per group of K; see ``csrc/cpu/fp8_gemm_impl.h``)."""
+    (one row per group of K; see ``csrc/cpu/pair_gemm_impl.h``)."""
     k, n = codes.shape
     kh, p = -(-k // 2), -(-n // PANEL)
     padded = np.zeros((2 * kh, p * PANEL), dtype=np.uint8)
@@ -189,9 +190,7 @@ class Fp8LinearMethod(LinearMethodBase):
         else:
             codes, per_channel = quantize_fp8(layer.weight.numpy())
             scales, group = per_channel[None, :], 2 * -(-k // 2)
-        path = self.config.kernel_path
-        if path == "avx512-bf16" and dtype != "bfloat16":
-            path = "avx512"  # bf16 dot products round the activations: an fp32 model keeps them fp32
+        path = path_for_dtype(self.config.kernel_path, dtype)
         qweight, packed_scales = (paddle.to_tensor(a) for a in pack_fp8(codes, scales))
         layer.register_buffer("qweight", qweight, persistable=True)
         layer.register_buffer("weight_scale", packed_scales, persistable=True)

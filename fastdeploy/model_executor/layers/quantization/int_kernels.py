@@ -1,7 +1,8 @@
 """Integer weights for ``csrc/cpu/int_gemm.cc``: quantization at load, the kernel's panel layout, the reference.
 
 A weight is ``[K, N]`` (our ``[in, out]``). The kernel reads 16 output columns at a time:
-int8 as ``[ceil(N/16), K, 16]``, int4 as ``[ceil(N/16), K/2, 16]`` bytes (``q[2p]`` in the low
+int8 as ``[ceil(N/16), Kp, 16]`` (``Kp``: K rounded up to even with a zero row; the bf16 path reads
+rows in pairs), int4 as ``[ceil(N/16), K/2, 16]`` bytes (``q[2p]`` in the low
 nibble, ``q[2p+1]`` in the high one), scales and mins ``[ceil(N/16), G, 16]`` fp32 for
 ``G = ceil(K / group)`` groups (the last one may be part-filled). An int4 weight is
 ``scale * (q - zero)`` with ``q`` in 0..15; the kernel takes ``min = -scale * zero``.
@@ -16,7 +17,9 @@ import numpy as np
 
 PANEL = 16
 # The kernel path names (OpBackend.int_gemm) of int_gemm.cc -> the op's isa argument.
-KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
+KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512-bf16": 3}
+# The bf16 dot-product path (int_gemm.cc, fp8_gemm.cc), which rounds the activations to bf16.
+BF16_DOT_PATH = "avx512-bf16"
 # The path on oneDNN's weight-decompression matmul (csrc/cpu/linear.cc, AVX512-BF16 / AMX CPUs).
 ONEDNN_PATH = "onednn"
 # The smallest run of K rows per scale given to oneDNN (a finer split of a group: see onednn_operands).
@@ -115,8 +118,16 @@ def _panels(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(rows, p, PANEL).transpose(1, 0, 2))
 
 
+def path_for_dtype(path: str, dtype: str) -> str:
+    """The kernel path for a layer computing in ``dtype``: bf16 dot products round the activations to
+    bf16, so an fp32 model keeps fp32 activations on the AVX-512 fp32 path instead."""
+    return "avx512" if path == BF16_DOT_PATH and dtype != "bfloat16" else path
+
+
 def pack_int8(q: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's ``(qweight uint8, scales fp32)`` of per-channel int8 ``q [K, N]``."""
+    if q.shape[0] % 2:
+        q = np.concatenate([q, np.zeros((1, q.shape[1]), dtype=q.dtype)])
     return _panels(q).view(np.uint8).reshape(-1), _panels(scales[None, :].astype(np.float32)).reshape(-1)
 
 
@@ -133,8 +144,8 @@ def pack_int4(weight: Int4Weight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def unpack_int8(qweight: np.ndarray, scales: np.ndarray, k: int, n: int) -> np.ndarray:
     """The fp32 ``[K, N]`` weight of :func:`pack_int8`'s output."""
-    p = -(-n // PANEL)
-    q = qweight.view(np.int8).reshape(p, k, PANEL).transpose(1, 0, 2).reshape(k, p * PANEL)[:, :n]
+    p, kp = -(-n // PANEL), k + k % 2
+    q = qweight.view(np.int8).reshape(p, kp, PANEL).transpose(1, 0, 2).reshape(kp, p * PANEL)[:k, :n]
     return q.astype(np.float32) * scales.reshape(p * PANEL)[:n]
 
 

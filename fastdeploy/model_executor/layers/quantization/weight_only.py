@@ -43,6 +43,7 @@ from fastdeploy.model_executor.layers.quantization.int_kernels import (
     onednn_operands,
     pack_int4,
     pack_int8,
+    path_for_dtype,
     quantize_int4,
     quantize_int8,
     unpack_int4,
@@ -107,8 +108,9 @@ class IntLinearMethod(LinearMethodBase):
         w = layer.weight.numpy()
         return quantize_int8(w) if self.bits == 8 else quantize_int4(w, self.group, INT4_SHRINKS)
 
-    def set_packed(self, layer: LinearBase, weight: Int8Weight | Int4Weight) -> None:
-        """Pack ``weight`` for the kernel, keep it as the layer's buffers and the op's arguments; drop the fp32 weight."""
+    def set_packed(self, layer: LinearBase, weight: Int8Weight | Int4Weight, dtype: str) -> None:
+        """Pack ``weight`` for the kernel of a model computing in ``dtype``, keep it as the layer's buffers and
+        the op's arguments; drop the fp32 weight."""
         k = weight.q.shape[0]
         group = onednn_group(k, weight) if self.path == ONEDNN_PATH else None
         if group is not None:
@@ -122,7 +124,7 @@ class IntLinearMethod(LinearMethodBase):
             packed = pack_int8(*weight) if isinstance(weight, Int8Weight) else pack_int4(weight)
             tensors = [paddle.to_tensor(a) for a in packed]
             mins = tensors[2] if len(tensors) > 2 else None
-            isa = KERNEL_PATHS["avx512" if self.path == ONEDNN_PATH else self.path]
+            isa = KERNEL_PATHS["avx512" if self.path == ONEDNN_PATH else path_for_dtype(self.path, dtype)]
             args = ("int_gemm", tensors[0], tensors[1], mins, layer.bias, layer.output_size, self.bits, self.group, isa)
         for name, t in zip(("qweight", "scales", "mins"), tensors, strict=False):
             layer.register_buffer(name, t, persistable=True)
@@ -132,9 +134,10 @@ class IntLinearMethod(LinearMethodBase):
         layer.weight = None
 
     def process_weights_after_loading(self, layer: LinearBase, dtype: str) -> bool:
-        """Quantize and pack once; True: the layer computes (in fp32) whatever ``dtype`` is."""
+        """Quantize and pack once; True: the layer computes (fp32 out; bf16 activations on the bf16 path of a
+        bf16 model) whatever ``dtype`` is."""
         if getattr(layer, "_int_args", None) is None:
-            self.set_packed(layer, self.quantize(layer))
+            self.set_packed(layer, self.quantize(layer), dtype)
         return True
 
     def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
@@ -178,8 +181,7 @@ class IntFusedMoEMethod(FusedMoEMethodBase):
     """
 
     def __init__(self, bits: int, group: int, path: str) -> None:
-        self.bits, self.group = bits, group
-        self.isa = int_gemm_isa(path, f"wint{bits} MoE experts")
+        self.bits, self.group, self.path = bits, group, path
 
     def create_weights(self, layer: FusedMoE, num_experts: int, hidden_size: int, intermediate_size: int,
                        dtype: str) -> None:
@@ -204,8 +206,9 @@ class IntFusedMoEMethod(FusedMoEMethodBase):
             for name, t in zip(("qweight", "scales", "mins"), tensors, strict=False):
                 layer.register_buffer(f"{prefix}_{name}", t, persistable=True)
         mins13, mins2 = (w13[2], w2[2]) if self.bits == 4 else (None, None)
+        isa = int_gemm_isa(path_for_dtype(self.path, dtype), f"wint{self.bits} MoE experts")
         object.__setattr__(layer, "_int_moe_args", (w13[0], w13[1], mins13, w2[0], w2[1], mins2,
-                                                    layer.intermediate_size, self.bits, self.group, self.isa))
+                                                    layer.intermediate_size, self.bits, self.group, isa))
         layer.w13_weight = None
         layer.w2_weight = None
         return True

@@ -1,18 +1,21 @@
-// The fp8 (e4m3) weight GEMM of fp8_gemm.cc, included once per instruction set inside that
-// set's namespace (and `#pragma GCC target`) after that set's `Ops`.
+// A GEMM over weights stored as k pairs of 16 output columns, each pair decoded into registers
+// by the including path's `Ops`: fp8_gemm.cc's e4m3 weights, and int_gemm.cc's int8 / int4 ones on
+// its bf16-dot-product path. Included once per instruction set and format inside that path's
+// namespace (and `#pragma GCC target`) after its `Ops`.
 //
-// Layout (built by fastdeploy/model_executor/layers/quantization/fp8.py, pack_fp8):
-//   qweight [ceil(N/16)][Kh][16][2] bytes, Kh = ceil(K/2): panel p, k pair j, column c, half h
-//           holds the e4m3 code of W[2j + h, 16p + c] (0 = +0.0 past N or K);
-//   scales  [ceil(N/16)][G][16] fp32, one per group of `group` rows of K (even) and column:
-//           out = sum_g scale[g] * sum_{k in g} x[k] * e4m3(q[k]).
+// Layout: qweight [ceil(N/16)][Kh][kPairBytes], Kh = ceil(K/2): panel p, k pair j holds rows 2j
+//         and 2j+1 of the panel's 16 columns (0 past N or K) in the format's encoding;
+//   scales [ceil(N/16)][G][16] fp32, one per group of `group_pairs` k pairs and column, and for
+//          formats with a zero point mins of the same shape and xsum [m][G], the sum of each
+//          row's activations over each group:
+//          out = sum_g scale[g] * sum_{k in g} x[k] * q[k]  (+ min[g] * xsum[g]).
 // Every (row, column) is the same chain of operations in the order of K whichever tile computes
 // it and whether its panel was decoded into the buffer or in registers, so a row's result never
 // depends on the rest of the batch or on the thread count.
 
 // Each path's `Ops` (defined before the include) gives:
-//   F (16 fp32 lanes) with zero(), load(), store(), fma(a, b, c) = a * b + c;
-//   W: one k pair of 16 columns decoded (decode(bytes) from 32 bytes of the panel);
+//   F (16 fp32 lanes) with zero(), splat(), load(), store(), fma(a, b, c) = a * b + c;
+//   W: one k pair of 16 columns decoded (decode(bytes) from kPairBytes bytes of the panel);
 //   Acc: one row's sums over a group, zero_acc(), madd(acc, x, j, w, chain) adding k pair j of
 //        the prepared row x (chain 0 / 1: the even / odd pairs, for paths that keep two chains),
 //        sum(acc) -> F;
@@ -25,12 +28,15 @@ using X = Ops::X;
 
 constexpr int kPanel = 16;
 constexpr int kRows = Ops::kRows;
+constexpr int64_t kPairBytes = Ops::kPairBytes;
 
 struct Args {
   const X* x;  // [m][ldx]: prepared rows
   int64_t m, ldx, kh, n, groups, group_pairs;
   const uint8_t* w;
   const float* scales;
+  const float* mins;  // null without a zero point
+  const float* xsum;  // [m][groups] where mins is set
   const float* bias;
   float* out;  // [m, n]
 };
@@ -45,8 +51,8 @@ inline void store_cols(const F& v, const float* bias, int64_t ncols, float* dst)
 // (kh entries each, one after the other), or null to decode in registers.
 template <int R, int P>
 void tile(const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* decoded) {
-  const uint8_t* wp = a.w + panel * a.kh * 2 * kPanel;
-  const int64_t wstride = a.kh * 2 * kPanel;
+  const uint8_t* wp = a.w + panel * a.kh * kPairBytes;
+  const int64_t wstride = a.kh * kPairBytes;
   const X* x = a.x + r0 * a.ldx;
   F total[R][P];
 #pragma GCC unroll 4
@@ -63,8 +69,8 @@ void tile(const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* dec
     for (; j + 1 < j1; j += 2) {
       W w0[P], w1[P];
       for (int q = 0; q < P; ++q) {
-        w0[q] = decoded != nullptr ? decoded[q * a.kh + j] : ops.decode(wp + q * wstride + j * 2 * kPanel);
-        w1[q] = decoded != nullptr ? decoded[q * a.kh + j + 1] : ops.decode(wp + q * wstride + (j + 1) * 2 * kPanel);
+        w0[q] = decoded != nullptr ? decoded[q * a.kh + j] : ops.decode(wp + q * wstride + j * kPairBytes);
+        w1[q] = decoded != nullptr ? decoded[q * a.kh + j + 1] : ops.decode(wp + q * wstride + (j + 1) * kPairBytes);
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -74,7 +80,7 @@ void tile(const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* dec
     }
     if (j < j1) {
       for (int q = 0; q < P; ++q) {
-        const W w0 = decoded != nullptr ? decoded[q * a.kh + j] : ops.decode(wp + q * wstride + j * 2 * kPanel);
+        const W w0 = decoded != nullptr ? decoded[q * a.kh + j] : ops.decode(wp + q * wstride + j * kPairBytes);
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) Ops::madd(acc[r][q], x + r * a.ldx, j, w0, 0);
       }
@@ -83,6 +89,11 @@ void tile(const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* dec
       const F s = Ops::load(a.scales + ((panel + q) * a.groups + g) * kPanel);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) total[r][q] = Ops::fma(s, Ops::sum(acc[r][q]), total[r][q]);
+      if (a.mins != nullptr) {
+        const F mn = Ops::load(a.mins + ((panel + q) * a.groups + g) * kPanel);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) total[r][q] = Ops::fma(Ops::splat(a.xsum[(r0 + r) * a.groups + g]), mn, total[r][q]);
+      }
     }
   }
   for (int q = 0; q < P; ++q) {
@@ -112,8 +123,8 @@ void panels(const Args& a, int64_t pb, int64_t pe, W* buffer) {
     const W* decoded = nullptr;
     if (a.m > kRows) {
       for (int q = 0; q < count; ++q) {
-        const uint8_t* wp = a.w + (p + q) * a.kh * 2 * kPanel;
-        for (int64_t j = 0; j < a.kh; ++j) buffer[q * a.kh + j] = ops.decode(wp + j * 2 * kPanel);
+        const uint8_t* wp = a.w + (p + q) * a.kh * kPairBytes;
+        for (int64_t j = 0; j < a.kh; ++j) buffer[q * a.kh + j] = ops.decode(wp + j * kPairBytes);
       }
       decoded = buffer;
     }
@@ -130,8 +141,8 @@ void panels(const Args& a, int64_t pb, int64_t pe, W* buffer) {
 
 // The whole GEMM on this path: threads take contiguous ranges of panels.
 void gemm(const X* x, int64_t m, int64_t ldx, int64_t kh, const uint8_t* w, int64_t groups, int64_t group_pairs,
-          const float* scales, const float* bias, int64_t n, float* out) {
-  const Args args{x, m, ldx, kh, n, groups, group_pairs, w, scales, bias, out};
+          const float* scales, const float* mins, const float* xsum, const float* bias, int64_t n, float* out) {
+  const Args args{x, m, ldx, kh, n, groups, group_pairs, w, scales, mins, xsum, bias, out};
   const int64_t num_panels = (n + kPanel - 1) / kPanel;
   const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, num_panels / 4)));
 #pragma omp parallel num_threads(threads)
