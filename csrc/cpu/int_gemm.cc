@@ -186,18 +186,19 @@ struct Int8Ops : OpsBf16 {
   }
 };
 
-// Pair j of an int4 panel is its byte row j: q[2j] in each low nibble, q[2j+1] in the high one;
-// both nibbles index a table of the bf16 of 0..15.
+// Pair j of an int4 panel is its byte row j: q[2j] in each low nibble, q[2j+1] in the high one.
+// Byte b widened to a 32-bit lane, b | b << 12 holds b in its low word and b >> 4 in its high one;
+// vpermw reads the low 5 bits of each word, so a table of the bf16 of 0..15, twice, maps both.
 struct Int4Ops : OpsBf16 {
   static constexpr int64_t kPairBytes = kIntPanel;
   static constexpr uint16_t kBf16[32] = {0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
+                                         0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
+                                         0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
                                          0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
   __m512i table = _mm512_loadu_si512(kBf16);
   W decode(const uint8_t* p) const {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m512i idx = _mm512_or_si512(_mm512_and_si512(b, _mm512_set1_epi32(15)),
-                                        _mm512_slli_epi32(_mm512_srli_epi32(b, 4), 16));
-    return {_mm512_permutexvar_epi16(idx, table)};
+    return {_mm512_permutexvar_epi16(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), table)};
   }
 };
 

@@ -29,6 +29,7 @@ using X = Ops::X;
 constexpr int kPanel = 16;
 constexpr int kRows = Ops::kRows;
 constexpr int64_t kPairBytes = Ops::kPairBytes;
+constexpr int64_t kPrefetchBytes = 8192;
 
 struct Args {
   const X* x;  // [m][ldx]: prepared rows
@@ -69,8 +70,17 @@ void tile(const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* dec
     for (; j + 1 < j1; j += 2) {
       W w0[P], w1[P];
       for (int q = 0; q < P; ++q) {
-        w0[q] = decoded != nullptr ? decoded[q * a.kh + j] : ops.decode(wp + q * wstride + j * kPairBytes);
-        w1[q] = decoded != nullptr ? decoded[q * a.kh + j + 1] : ops.decode(wp + q * wstride + (j + 1) * kPairBytes);
+        if (decoded != nullptr) {
+          w0[q] = decoded[q * a.kh + j];
+          w1[q] = decoded[q * a.kh + j + 1];
+        } else {
+          const uint8_t* pair = wp + q * wstride + j * kPairBytes;
+          // A few rows stream their weights from memory: ask L2 for them ahead, across the 4 KB
+          // pages where the hardware prefetcher stops (as gguf_gemm_impl.h's tiles do).
+          __builtin_prefetch(pair + kPrefetchBytes, 0, 2);
+          w0[q] = ops.decode(pair);
+          w1[q] = ops.decode(pair + kPairBytes);
+        }
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -124,7 +134,10 @@ void panels(const Args& a, int64_t pb, int64_t pe, W* buffer) {
     if (a.m > kRows) {
       for (int q = 0; q < count; ++q) {
         const uint8_t* wp = a.w + (p + q) * a.kh * kPairBytes;
-        for (int64_t j = 0; j < a.kh; ++j) buffer[q * a.kh + j] = ops.decode(wp + j * kPairBytes);
+        for (int64_t j = 0; j < a.kh; ++j) {
+          if (j % (64 / kPairBytes) == 0) __builtin_prefetch(wp + j * kPairBytes + kPrefetchBytes, 0, 2);
+          buffer[q * a.kh + j] = ops.decode(wp + j * kPairBytes);
+        }
       }
       decoded = buffer;
     }
