@@ -271,12 +271,15 @@ class _MoeFormat:
         elif fmt != "bf16":
             raise ValueError(f"--moe-formats: unknown format {fmt!r}; known: {', '.join(MOE_FORMATS)}.")
 
-    def matrix(self, k: int, n: int):
+    def matrix(self, k: int, n: int, dense: bool = False):
+        """A random ``[k, n]`` weight in this format; ``dense``: a linear layer's (wint4: one buffer) rather
+        than an expert's (wint4: panels, scales, mins apart, stacked by :meth:`experts`)."""
         import numpy as np
         import paddle
 
         from fastdeploy import _custom_ops as ops
         from fastdeploy.model_executor.layers.quantization.gguf import pack_blocks, random_blocks
+        from fastdeploy.model_executor.layers.quantization.int_kernels import linear_buffer
 
         if self.fmt == "bf16":
             return ops.linear_pack(paddle.to_tensor((self.rng.standard_normal((k, n)) * 0.02).astype(np.float32)),
@@ -285,8 +288,8 @@ class _MoeFormat:
             return pack_blocks(random_blocks(12, n, k, self.rng), 12, n, k)
         panels, groups = -(-n // 16), -(-k // 128)
         scales = (self.rng.uniform(0.5, 1.5, panels * groups * 16) * 2e-3).astype(np.float32)
-        return (paddle.to_tensor(self.rng.integers(0, 256, panels * (k // 2) * 16, dtype=np.uint8)),
-                paddle.to_tensor(scales), paddle.to_tensor(-8 * scales))
+        parts = (self.rng.integers(0, 256, panels * (k // 2) * 16, dtype=np.uint8), scales, -8 * scales)
+        return paddle.to_tensor(linear_buffer(parts)) if dense else tuple(paddle.to_tensor(a) for a in parts)
 
     def linear(self, x, w, n: int):
         from fastdeploy import _custom_ops as ops
@@ -295,7 +298,7 @@ class _MoeFormat:
             return ops.linear(x, w, None, n, "bfloat16")
         if self.fmt == "q4_k":
             return ops.gguf_linear(x, w, None, [12, n], self.isa)
-        return ops.int_linear(x, *w, None, n, 4, 128, self.isa)
+        return ops.int_linear(x, w, None, n, 4, 128, self.isa)
 
     def experts(self, k: int, n: int, count: int):
         import paddle
@@ -347,8 +350,8 @@ def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_laye
             return f.linear(ops.silu_and_mul(f.linear(x, gate_up, 2 * n)), down, h)
 
         layers = [(gate, f.experts(h, 2 * inter, experts), f.experts(inter, h, experts),
-                   (f.matrix(h, 2 * shared), f.matrix(shared, h)) if shared else None) for gate in gates]
-        dense = [(f.matrix(h, 2 * dense_inter), f.matrix(dense_inter, h)) for _ in range(num_layers)]
+                   (f.matrix(h, 2 * shared, True), f.matrix(shared, h, True)) if shared else None) for gate in gates]
+        dense = [(f.matrix(h, 2 * dense_inter, True), f.matrix(dense_inter, h, True)) for _ in range(num_layers)]
 
         def moe_step(x: paddle.Tensor, layers: list = layers, f: _MoeFormat = f, swiglu=swiglu) -> None:
             for gate, w13, w2, shared_w in layers:

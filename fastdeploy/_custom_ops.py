@@ -179,16 +179,16 @@ def gguf_embedding(ids: paddle.Tensor, weight: paddle.Tensor, ggml_type: int, ro
     return _run("fd_gguf_embedding", ids, weight, ggml_type, rows, dim)[0]
 
 
-def int_linear(x: paddle.Tensor, qweight: paddle.Tensor, scales: paddle.Tensor, mins: paddle.Tensor | None,
-               bias: paddle.Tensor | None, n: int, bits: int, group: int, isa: int) -> paddle.Tensor:
+def int_linear(x: paddle.Tensor, packed: paddle.Tensor, bias: paddle.Tensor | None, n: int, bits: int, group: int,
+               isa: int) -> paddle.Tensor:
     """``x [..., K] @ W (+ bias)`` -> ``[..., n]`` fp32 with integer weights widened in registers (csrc/cpu/int_gemm.cc).
 
-    ``qweight``/``scales``/``mins`` are in the panel layout of ``int_gemm_impl.h``
-    (:func:`fastdeploy.model_executor.layers.quantization.int_kernels.pack_int8` / ``pack_int4``);
-    ``bits`` 8 (per-channel scales) or 4 (``group`` rows of K per scale and min); ``isa`` the
-    kernel path (0 scalar, 1 AVX2, 2 AVX-512), chosen by the platform.
+    ``packed`` is one uint8 buffer of the panels, scales and (int4) mins in the layout of ``int_gemm_impl.h``
+    (:func:`fastdeploy.model_executor.layers.quantization.int_kernels.linear_buffer` of ``pack_int8`` /
+    ``pack_int4``); ``bits`` 8 (per-channel scales) or 4 (``group`` rows of K per scale and min); ``isa``
+    the kernel path (0 scalar, 1 AVX2, 2 AVX-512, 3 AVX512-BF16), chosen by the platform.
     """
-    return _run("fd_int_linear", x, qweight, scales, mins, bias, n, bits, group, isa)[0]
+    return _run("fd_int_linear", x, packed, bias, n, bits, group, isa)[0]
 
 
 def fp8_linear(x: paddle.Tensor, qweight: paddle.Tensor, scales: paddle.Tensor, bias: paddle.Tensor | None, n: int,

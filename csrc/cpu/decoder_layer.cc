@@ -16,8 +16,10 @@
 // hidden and residual are updated in place (the first layer passes a zero residual, which
 // makes the first add exact), so a layer allocates nothing.
 //
-// The four matmul weights are packed for the linear kernel (dtype "bfloat16" / "float32"), or
-// GGUF blocks packed by fd_gguf_pack (dtype "gguf": each weight's (type, rows) segments, the block kernels' path).
+// The four matmul weights are packed for the linear kernel (dtype "bfloat16" / "float32"), GGUF
+// blocks packed by fd_gguf_pack (dtype "gguf": each weight's (type, rows) segments, the block
+// kernels' path), or integer weights in one buffer each (dtype "int": segments (bits, group,
+// int_gemm.cc's path); wint8 / wint4 / AWQ / GPTQ).
 #include <vector>
 
 #include "cpu_utils.h"
@@ -41,6 +43,11 @@ struct Matmul {
   const std::vector<int64_t>& segments;
 
   bool fits(int64_t k, int64_t n, const std::string& dtype) const {
+    if (dtype == "int") {
+      return segments.size() == 3 && (segments[0] == 8 || (segments[0] == 4 && k % 2 == 0 && segments[1] > 0 &&
+                                                             segments[1] % 2 == 0)) &&
+             weight.numel() == fastdeploy_cpu::int_linear_bytes(static_cast<int>(segments[0]), k, n, segments[1]);
+    }
     if (dtype != "gguf") return fastdeploy_cpu::linear_packed_size_ok(weight.numel(), k, n, dtype == "bfloat16");
     int64_t rows = 0, bytes = 0;
     for (size_t s = 0; s + 1 < segments.size(); s += 2) {
@@ -54,7 +61,12 @@ struct Matmul {
 
   void run(const float* x, int64_t m, int64_t k, int64_t n, const std::string& dtype, int gguf_isa, float* out) const {
     const float* b = optional_data(bias);
-    if (dtype == "gguf") {
+    if (dtype == "int") {
+      const int bits = static_cast<int>(segments[0]);
+      const auto parts = fastdeploy_cpu::int_linear_parts(weight.data<uint8_t>(), bits, k, n, segments[1]);
+      fastdeploy_cpu::int_gemm(x, m, k, parts.w, bits, segments[1], parts.scales, parts.mins, b, n,
+                               static_cast<int>(segments[2]), out);
+    } else if (dtype == "gguf") {
       fastdeploy_cpu::gguf_gemm(x, m, k, weight.data<uint8_t>(), segments.data(),
                                 static_cast<int64_t>(segments.size() / 2), b, n, gguf_isa, out);
     } else {

@@ -239,6 +239,26 @@ int64_t int_packed_bytes(int bits, int64_t k, int64_t n) {
   return bits == 8 ? panels * (k + (k & 1)) * kIntPanel : panels * (k / 2) * kIntPanel;
 }
 
+namespace {
+
+int64_t int_scale_count(int bits, int64_t k, int64_t n, int64_t group) {
+  const int64_t panels = (n + kIntPanel - 1) / kIntPanel;
+  return panels * (bits == 4 ? (k + group - 1) / group : 1) * kIntPanel;
+}
+
+}  // namespace
+
+int64_t int_linear_bytes(int bits, int64_t k, int64_t n, int64_t group) {
+  const int64_t floats = int_scale_count(bits, k, n, group) * (bits == 4 ? 2 : 1);
+  return int_packed_bytes(bits, k, n) + floats * static_cast<int64_t>(sizeof(float));
+}
+
+IntLinearParts int_linear_parts(const uint8_t* buffer, int bits, int64_t k, int64_t n, int64_t group) {
+  // The panels' size is a multiple of 16 bytes, so the scales start 16-byte aligned.
+  const float* scales = reinterpret_cast<const float*>(buffer + int_packed_bytes(bits, k, n));
+  return {buffer, scales, bits == 4 ? scales + int_scale_count(bits, k, n, group) : nullptr};
+}
+
 void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, int64_t group, const float* scales,
               const float* mins, const float* bias, int64_t n, int isa, float* out) {
   if (m == 0 || n == 0) return;
@@ -291,37 +311,27 @@ void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, 
 
 }  // namespace fastdeploy_cpu
 
-// x [..., K] float32, qweight uint8 (int_gemm_impl.h's layout), scales (and mins, int4) float32,
-// optional bias [N] -> [..., N] float32.
-std::vector<paddle::Tensor> IntLinear(const paddle::Tensor& x, const paddle::Tensor& qweight,
-                                      const paddle::Tensor& scales, const paddle::optional<paddle::Tensor>& mins,
+// x [..., K] float32, packed uint8 (int_linear_parts' buffer: int_gemm_impl.h's panels, scales and,
+// int4, mins), optional bias [N] -> [..., N] float32.
+std::vector<paddle::Tensor> IntLinear(const paddle::Tensor& x, const paddle::Tensor& packed,
                                       const paddle::optional<paddle::Tensor>& bias, int64_t n, int bits,
                                       int64_t group, int isa) {
-  fastdeploy_cpu::check_cpu_contiguous(qweight, "qweight");
-  fastdeploy_cpu::check_cpu_contiguous(scales, "scales");
+  fastdeploy_cpu::check_cpu_contiguous(packed, "packed");
+  fastdeploy_cpu::check_dtype(packed, paddle::DataType::UINT8, "packed");
   const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_int_linear");
   PD_CHECK(bits == 8 || bits == 4, "fd_int_linear: bits must be 8 or 4.");
   PD_CHECK(bits == 8 || (k % 2 == 0 && group > 0 && group % 2 == 0), "fd_int_linear: int4 needs an even K and group.");
-  PD_CHECK(qweight.numel() == fastdeploy_cpu::int_packed_bytes(bits, k, n),
-           "fd_int_linear: qweight does not match [K, N] = [" + std::to_string(k) + ", " + std::to_string(n) + "].");
-  const int64_t panels = (n + fastdeploy_cpu::kIntPanel - 1) / fastdeploy_cpu::kIntPanel;
-  const int64_t groups = bits == 4 ? (k + group - 1) / group : 1;
-  PD_CHECK(scales.numel() == panels * groups * fastdeploy_cpu::kIntPanel, "fd_int_linear: scales have the wrong size.");
-  const float* mins_data = nullptr;
-  if (bits == 4) {
-    PD_CHECK(mins.is_initialized() && mins->numel() == scales.numel(), "fd_int_linear: int4 needs mins like scales.");
-    fastdeploy_cpu::check_cpu_contiguous(*mins, "mins");
-    mins_data = mins->data<float>();
-  }
+  PD_CHECK(packed.numel() == fastdeploy_cpu::int_linear_bytes(bits, k, n, group),
+           "fd_int_linear: packed does not match [K, N] = [" + std::to_string(k) + ", " + std::to_string(n) + "].");
+  const auto parts = fastdeploy_cpu::int_linear_parts(packed.data<uint8_t>(), bits, k, n, group);
   auto out = fastdeploy_cpu::linear_output(x, n);
-  fastdeploy_cpu::int_gemm(x.data<float>(), m, k, qweight.data<uint8_t>(), bits, group, scales.data<float>(),
-                           mins_data, fastdeploy_cpu::optional_bias(bias, n, "fd_int_linear"), n, isa,
-                           out.data<float>());
+  fastdeploy_cpu::int_gemm(x.data<float>(), m, k, parts.w, bits, group, parts.scales, parts.mins,
+                           fastdeploy_cpu::optional_bias(bias, n, "fd_int_linear"), n, isa, out.data<float>());
   return {out};
 }
 
 PD_BUILD_OP(fd_int_linear)
-    .Inputs({"x", "qweight", "scales", paddle::Optional("mins"), paddle::Optional("bias")})
+    .Inputs({"x", "packed", paddle::Optional("bias")})
     .Outputs({"out"})
     .Attrs({"n: int64_t", "bits: int", "group: int64_t", "isa: int"})
     .SetKernelFn(PD_KERNEL(IntLinear));

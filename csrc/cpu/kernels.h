@@ -59,6 +59,15 @@ void fused_moe(const float* x, int64_t num_tokens, int64_t hidden, const int64_t
 enum IntIsa : int { kIntScalar = 0, kIntAvx2 = 1, kIntAvx512 = 2, kIntAvx512Bf16 = 3 };
 constexpr int64_t kIntPanel = 16;
 int64_t int_packed_bytes(int bits, int64_t k, int64_t n);
+// A linear layer's integer weight in one buffer: the panels, then the fp32 scales, then (int4) the
+// mins (int_kernels.py's linear_buffer); int_linear_bytes is its size, int_linear_parts its pieces.
+struct IntLinearParts {
+  const uint8_t* w;
+  const float* scales;
+  const float* mins;  // null for int8
+};
+int64_t int_linear_bytes(int bits, int64_t k, int64_t n, int64_t group);
+IntLinearParts int_linear_parts(const uint8_t* buffer, int bits, int64_t k, int64_t n, int64_t group);
 void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, int64_t group, const float* scales,
               const float* mins, const float* bias, int64_t n, int isa, float* out);
 

@@ -42,3 +42,16 @@ def test_fused_layer_equals_separate_kernels_on_gguf_blocks():
     model = get_model(ModelConfig(model="SmolLM2-135M-Instruct", quantization="gguf", dtype="float32"))
     assert model.model.layers[0]._fused_args[1][13] == "gguf"
     np.testing.assert_allclose(_logits(model, fused=True), _logits(model, fused=False), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("method", ["wint8", "wint4"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_layer_equals_separate_kernels_on_integer_weights(method, dtype, tmp_path):
+    """wint8 / wint4 layers (int_gemm.cc, the platform's path for the dtype) run each layer as one op too."""
+    from fastdeploy.config import ModelConfig
+    from fastdeploy.model_executor.model_loader import get_model
+
+    path = build_tiny_checkpoint("LlamaForCausalLM", tmp_path)
+    model = get_model(ModelConfig(model=path, quantization=method, dtype=dtype))
+    assert model.model.layers[0]._fused_args[1][13] == "int"
+    np.testing.assert_allclose(_logits(model, fused=True), _logits(model, fused=False), rtol=1e-5, atol=1e-5)

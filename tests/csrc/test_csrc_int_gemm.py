@@ -13,10 +13,12 @@ import pytest
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.quantization.int_kernels import (
     KERNEL_PATHS,
+    linear_buffer,
     pack_int4,
     pack_int8,
     quantize_int4,
     quantize_int8,
+    split_linear_buffer,
     unpack_int4,
     unpack_int8,
 )
@@ -32,10 +34,9 @@ ROWS = (1, 2, 3, 4, 5, 7, 16, 33)
 
 
 def int_linear(x, packed, bits, path, bias=None, group=128, n=N):
-    t = [paddle.to_tensor(a) for a in packed]
-    mins = t[2] if bits == 4 else None
     b = None if bias is None else paddle.to_tensor(bias)
-    return ops.int_linear(paddle.to_tensor(x), t[0], t[1], mins, b, n, bits, group, KERNEL_PATHS[path]).numpy()
+    buffer = paddle.to_tensor(linear_buffer(packed))
+    return ops.int_linear(paddle.to_tensor(x), buffer, b, n, bits, group, KERNEL_PATHS[path]).numpy()
 
 
 def activations(x, path):
@@ -104,7 +105,9 @@ def test_the_paths_agree_and_pack_unpack_round_trips():
         outs = [int_linear(x, packed, bits, p) for p in PATHS]
         for o in outs[1:]:
             np.testing.assert_allclose(o, outs[0], rtol=0, atol=1e-5 * np.abs(outs[0]).max())
-        dense = unpack_int8(*packed, k, N) if bits == 8 else unpack_int4(*packed, k, N, 128)
+        parts = split_linear_buffer(linear_buffer(packed), bits, k, N, 128)
+        assert all(np.array_equal(a, b.view(a.dtype)) for a, b in zip(parts, packed, strict=True))
+        dense = unpack_int8(*parts, k, N) if bits == 8 else unpack_int4(*parts, k, N, 128)
         np.testing.assert_allclose(dense, wd, rtol=0, atol=1e-6)
 
 
@@ -132,8 +135,7 @@ def test_the_range_search_keeps_each_groups_least_squared_error():
 def test_bad_operands_are_refused():
     packed, _ = weights(4)
     x = rng.standard_normal((2, K)).astype(np.float32)
-    with pytest.raises(Exception, match="qweight does not match"):
+    with pytest.raises(Exception, match="packed does not match"):
         int_linear(x[:, :-2], packed, 4, "scalar")
-    with pytest.raises(Exception, match="int4 needs mins"):
-        t = [paddle.to_tensor(a) for a in packed]
-        ops.int_linear(paddle.to_tensor(x), t[0], t[1], None, None, N, 4, 128, 0)
+    with pytest.raises(Exception, match="packed does not match"):  # int4's panels and scales without the mins
+        ops.int_linear(paddle.to_tensor(x), paddle.to_tensor(linear_buffer(packed[:2])), None, N, 4, 128, 0)

@@ -142,6 +142,23 @@ def pack_int4(weight: Int4Weight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             _panels(mins.astype(np.float32)).reshape(-1))
 
 
+def linear_buffer(parts: tuple[np.ndarray, ...]) -> np.ndarray:
+    """A linear layer's packed weight as the kernel takes it: :func:`pack_int8` / :func:`pack_int4`'s arrays one
+    after the other in one uint8 buffer (panels, scales, mins; csrc/cpu/int_gemm.cc's int_linear_parts)."""
+    return np.concatenate([np.ascontiguousarray(p).view(np.uint8).reshape(-1) for p in parts])
+
+
+def split_linear_buffer(buffer: np.ndarray, bits: int, k: int, n: int, group: int) -> tuple[np.ndarray, ...]:
+    """:func:`linear_buffer`'s parts back: ``(qweight, scales)`` for int8, ``(qweight, scales, mins)`` for int4."""
+    p = -(-n // PANEL)
+    qbytes = p * (k + k % 2) * PANEL if bits == 8 else p * (k // 2) * PANEL
+    floats = p * (-(-k // group) if bits == 4 else 1) * PANEL
+    scales = buffer[qbytes:qbytes + 4 * floats].view(np.float32)
+    if bits == 8:
+        return buffer[:qbytes], scales
+    return buffer[:qbytes], scales, buffer[qbytes + 4 * floats:qbytes + 8 * floats].view(np.float32)
+
+
 def unpack_int8(qweight: np.ndarray, scales: np.ndarray, k: int, n: int) -> np.ndarray:
     """The fp32 ``[K, N]`` weight of :func:`pack_int8`'s output."""
     p, kp = -(-n // PANEL), k + k % 2

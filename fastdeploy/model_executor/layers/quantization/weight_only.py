@@ -30,7 +30,7 @@ from fastdeploy import _custom_ops as ops
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.custom_op import get_op_backend
 from fastdeploy.model_executor.layers.fused_moe.layer import FusedMoE, FusedMoEMethodBase, UnquantizedFusedMoEMethod
-from fastdeploy.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
+from fastdeploy.model_executor.layers.linear import KernelWeight, LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from fastdeploy.model_executor.layers.quantization.int_kernels import (
@@ -39,6 +39,7 @@ from fastdeploy.model_executor.layers.quantization.int_kernels import (
     ONEDNN_PATH,
     Int4Weight,
     Int8Weight,
+    linear_buffer,
     onednn_group,
     onednn_operands,
     pack_int4,
@@ -46,6 +47,7 @@ from fastdeploy.model_executor.layers.quantization.int_kernels import (
     path_for_dtype,
     quantize_int4,
     quantize_int8,
+    split_linear_buffer,
     unpack_int4,
     unpack_int8,
 )
@@ -122,11 +124,10 @@ class IntLinearMethod(LinearMethodBase):
                 logger.info("%s [%d, %d] int%d group %d: int_gemm avx512 (oneDNN needs whole groups of >= %d rows)",
                             type(layer).__name__, k, layer.output_size, self.bits, self.group, ONEDNN_MIN_GROUP)
             packed = pack_int8(*weight) if isinstance(weight, Int8Weight) else pack_int4(weight)
-            tensors = [paddle.to_tensor(a) for a in packed]
-            mins = tensors[2] if len(tensors) > 2 else None
+            tensors = [paddle.to_tensor(linear_buffer(packed))]
             isa = KERNEL_PATHS["avx512" if self.path == ONEDNN_PATH else path_for_dtype(self.path, dtype)]
-            args = ("int_gemm", tensors[0], tensors[1], mins, layer.bias, layer.output_size, self.bits, self.group, isa)
-        for name, t in zip(("qweight", "scales", "mins"), tensors, strict=False):
+            args = ("int_gemm", tensors[0], layer.bias, layer.output_size, self.bits, self.group, isa)
+        for name, t in zip(("qweight", "scales"), tensors, strict=False):
             layer.register_buffer(name, t, persistable=True)
         object.__setattr__(layer, "_int_args", args)
         # The integers themselves, for dense_weight (oneDNN's blocked layout is not read back).
@@ -144,14 +145,20 @@ class IntLinearMethod(LinearMethodBase):
         kind, *args = layer._int_args
         return ops.weight_only_linear(x, *args) if kind == "onednn" else ops.int_linear(x, *args)
 
+    def kernel_weight(self, layer: LinearBase) -> KernelWeight | None:
+        kind, *args = layer._int_args
+        if kind != "int_gemm" or getattr(layer, "_int_perm", None) is not None:  # GPTQ's act-order permutes x first
+            return None
+        packed, bias, _, bits, group, isa = args
+        return KernelWeight(packed, bias, "int", [bits, group, isa])
+
     def dense_weight(self, layer: LinearBase) -> paddle.Tensor:
         if layer._int_weight is not None:
             return paddle.to_tensor(layer._int_weight.dequantize())
-        _, qweight, scales, mins, _, n, bits, group, _ = layer._int_args
+        _, packed, _, n, bits, group, _ = layer._int_args
         k = layer.input_size
-        if bits == 8:
-            return paddle.to_tensor(unpack_int8(qweight.numpy(), scales.numpy(), k, n))
-        return paddle.to_tensor(unpack_int4(qweight.numpy(), scales.numpy(), mins.numpy(), k, n, group))
+        parts = split_linear_buffer(packed.numpy(), bits, k, n, group)
+        return paddle.to_tensor(unpack_int8(*parts, k, n) if bits == 8 else unpack_int4(*parts, k, n, group))
 
 
 @functools.cache
