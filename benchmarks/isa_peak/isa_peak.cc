@@ -42,43 +42,33 @@ __attribute__((target("avx512f"))) inline __m512i dpbusd(__m512i c, __m512i a, _
   return c;
 }
 
-// Operands that do not change: each instruction still waits only on its own accumulator.
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) double vpdpbusd_zmm() {
-  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
-#define STEP(c) dpbusd(c, a, b)
-  FD_PEAK_LOOP(__m512i, _mm512_setzero_si512(), STEP, a)
-#undef STEP
-}
+// One timed function per instruction: NAME compiled for TARGET, its loop-invariant operands
+// declared by the trailing arguments (operands that do not change: each instruction still waits
+// only on its own accumulator).
+#define FD_PEAK_FN(NAME, TARGET, V, SEED, STEP, INV, ...) \
+  __attribute__((target(TARGET))) double NAME() {         \
+    __VA_ARGS__;                                          \
+    FD_PEAK_LOOP(V, SEED, STEP, INV)                      \
+  }
 
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) double vdpbf16ps_zmm() {
-  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));
-#define STEP(c) _mm512_dpbf16_ps(c, a, a)
-  FD_PEAK_LOOP(__m512, _mm512_setzero_ps(), STEP, a)
-#undef STEP
-}
-
-__attribute__((target("avx512f"))) double vfmadd_zmm() {
-  const __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f);
-#define STEP(c) _mm512_fmadd_ps(c, a, b)
-  FD_PEAK_LOOP(__m512, _mm512_setzero_ps(), STEP, a)
-#undef STEP
-}
-
-__attribute__((target("avx2,fma"))) double vfmadd_ymm() {
-  const __m256 a = _mm256_set1_ps(1.0001f), b = _mm256_set1_ps(0.9999f);
-#define STEP(c) _mm256_fmadd_ps(c, a, b)
-  FD_PEAK_LOOP(__m256, _mm256_setzero_ps(), STEP, a)
-#undef STEP
-}
-
+#define DPBUSD_STEP(c) dpbusd(c, a, b)
+#define DPBF16_STEP(c) _mm512_dpbf16_ps(c, a, a)
+#define FMA512_STEP(c) _mm512_fmadd_ps(c, a, b)
+#define FMA256_STEP(c) _mm256_fmadd_ps(c, a, b)
 // AVX2's int8 dot product without VNNI: vpmaddubsw + vpmaddwd + vpaddd per 32 multiply-adds (the
 // products read the accumulator, so the compiler cannot hoist them out of the loop).
-__attribute__((target("avx2"))) double vpmaddubsw_ymm() {
-  const __m256i b = _mm256_set1_epi8(5), ones = _mm256_set1_epi16(1);
-#define STEP(c) _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(c, b), ones))
-  FD_PEAK_LOOP(__m256i, _mm256_setzero_si256(), STEP, b)
-#undef STEP
-}
+#define MADDUBS_STEP(c) _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(c, b), ones))
+
+FD_PEAK_FN(vpdpbusd_zmm, "avx512f,avx512bw,avx512vnni", __m512i, _mm512_setzero_si512(), DPBUSD_STEP, a,
+           const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5))
+FD_PEAK_FN(vdpbf16ps_zmm, "avx512f,avx512bw,avx512bf16", __m512, _mm512_setzero_ps(), DPBF16_STEP, a,
+           const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80)))
+FD_PEAK_FN(vfmadd_zmm, "avx512f", __m512, _mm512_setzero_ps(), FMA512_STEP, a,
+           const __m512 a = _mm512_set1_ps(1.0001f), b = _mm512_set1_ps(0.9999f))
+FD_PEAK_FN(vfmadd_ymm, "avx2,fma", __m256, _mm256_setzero_ps(), FMA256_STEP, a,
+           const __m256 a = _mm256_set1_ps(1.0001f), b = _mm256_set1_ps(0.9999f))
+FD_PEAK_FN(vpmaddubsw_ymm, "avx2", __m256i, _mm256_setzero_si256(), MADDUBS_STEP, b,
+           const __m256i b = _mm256_set1_epi8(5), ones = _mm256_set1_epi16(1))
 
 struct Entry {
   const char* name;

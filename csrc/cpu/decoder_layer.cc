@@ -44,9 +44,9 @@ struct Matmul {
 
   bool fits(int64_t k, int64_t n, const std::string& dtype) const {
     if (dtype == "int") {
-      return segments.size() == 3 && (segments[0] == 8 || (segments[0] == 4 && k % 2 == 0 && segments[1] > 0 &&
-                                                             segments[1] % 2 == 0)) &&
-             weight.numel() == fastdeploy_cpu::int_linear_bytes(static_cast<int>(segments[0]), k, n, segments[1]);
+      if (segments.size() != 3) return false;
+      const int64_t bytes = fastdeploy_cpu::int_linear_bytes(static_cast<int>(segments[0]), k, n, segments[1]);
+      return bytes > 0 && weight.numel() == bytes;
     }
     if (dtype != "gguf") return fastdeploy_cpu::linear_packed_size_ok(weight.numel(), k, n, dtype == "bfloat16");
     int64_t rows = 0, bytes = 0;

@@ -249,6 +249,7 @@ int64_t int_scale_count(int bits, int64_t k, int64_t n, int64_t group) {
 }  // namespace
 
 int64_t int_linear_bytes(int bits, int64_t k, int64_t n, int64_t group) {
+  if (bits != 8 && !(bits == 4 && k % 2 == 0 && group > 0 && group % 2 == 0)) return 0;
   const int64_t floats = int_scale_count(bits, k, n, group) * (bits == 4 ? 2 : 1);
   return int_packed_bytes(bits, k, n) + floats * static_cast<int64_t>(sizeof(float));
 }
@@ -266,22 +267,23 @@ void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, 
   const int64_t groups = bits == 4 ? (k + group - 1) / group : 1;
   thread_local std::vector<float> xsum_buf;
   xsum_buf.assign(bits == 4 ? m * groups : 0, 0.0f);
-  // Sum of each group's activations, left to right (the min term of int4 weights), of the values
-  // the path multiplies (bf16 on the bf16 path).
+  // The bf16 path multiplies the activations rounded to bf16, in pairs (rounded once here).
   const bool bf16 = isa == kIntAvx512Bf16;
+  const int64_t kh = (k + 1) / 2;
+  thread_local std::vector<uint32_t> xb;
+  if (bf16) bf16_pairs(x, m, k, xb);
+  // Sum of each group's activations, left to right (the min term of int4 weights), of the values
+  // the path multiplies.
   for (int64_t r = 0; r < m && bits == 4; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       float s = 0.0f;
       for (int64_t i = g * group; i < std::min(k, (g + 1) * group); ++i) {
-        s += bf16 ? bf16_to_float(float_to_bf16(x[r * k + i])) : x[r * k + i];
+        s += bf16 ? bf16_to_float(static_cast<uint16_t>(xb[r * kh + i / 2] >> (16 * (i & 1)))) : x[r * k + i];
       }
       xsum_buf[r * groups + g] = s;
     }
   }
   if (bf16) {
-    thread_local std::vector<uint32_t> xb;
-    bf16_pairs(x, m, k, xb);
-    const int64_t kh = (k + 1) / 2;
     if (bits == 8) {
       int_avx512_bf16::int8::gemm(xb.data(), m, kh, kh, w, 1, kh, scales, nullptr, nullptr, bias, n, out);
     } else {

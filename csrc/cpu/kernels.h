@@ -60,7 +60,8 @@ enum IntIsa : int { kIntScalar = 0, kIntAvx2 = 1, kIntAvx512 = 2, kIntAvx512Bf16
 constexpr int64_t kIntPanel = 16;
 int64_t int_packed_bytes(int bits, int64_t k, int64_t n);
 // A linear layer's integer weight in one buffer: the panels, then the fp32 scales, then (int4) the
-// mins (int_kernels.py's linear_buffer); int_linear_bytes is its size, int_linear_parts its pieces.
+// mins (int_kernels.py's linear_buffer); int_linear_bytes is its size (0 for bits other than 8 / 4,
+// or int4 without an even K and group), int_linear_parts its pieces.
 struct IntLinearParts {
   const uint8_t* w;
   const float* scales;
