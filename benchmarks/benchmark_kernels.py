@@ -19,6 +19,10 @@ The first three dequantize the GGUF at load (``--quantization none``).
   and quantized at load by ``--quantization`` (csrc/cpu/int_gemm.cc; oneDNN's int8 matmul for w8a8;
   csrc/cpu/fp8_gemm.cc's e4m3 weights for fp8).
 
+``NAME@PATH`` (``wint8``, ``wint4``, ``fp8``) builds that format on another kernel path than the platform's
+(FD_CPU_INT_KERNEL's names, e.g. ``wint8@avx512-bf16`` beside ``wint8`` on an AMX CPU), so two paths take turns
+in one process.
+
 Figures (medians): decode step at batch 1 and 16, each sequence with ``--context`` tokens of
 context, and the prefill of one ``--prefill-len``-token prompt; one process per thread count.
 Beside them, per GGUF format, the matmuls of one decode step (M = 1, LM head included) and of a
@@ -77,21 +81,29 @@ class Setup:
     """One configuration: a worker with its model and KV cache, and requests to drive it."""
 
     def __init__(self, name: str, dtype: str, quantization: str | None) -> None:
+        from dataclasses import replace
+
         import numpy as np
 
         from fastdeploy.engine.arg_utils import EngineArgs
-        from fastdeploy.model_executor.custom_op import set_op_backend
+        from fastdeploy.model_executor.custom_op import get_op_backend, set_op_backend
         from fastdeploy.platforms.interface import OpBackend
         from fastdeploy.sampling_params import SamplingParams
         from fastdeploy.worker.worker import Worker
 
         self.name = name
-        model = {"model": hf_model()} if name in HF_CONFIGS else {}
-        args = EngineArgs(dtype=dtype, quantization=quantization, max_model_len=2048, kv_cache_memory_bytes=512 << 20,
-                          max_num_seqs=32, **model)
-        self.config = args.create_engine_config()
-        baseline = set_op_backend(OpBackend()) if name == "paddle-fp32" else contextlib.nullcontext()
-        with baseline:
+        base, _, path = name.partition("@")
+        model = {"model": hf_model()} if base in HF_CONFIGS else {}
+        if name == "paddle-fp32":
+            backend = set_op_backend(OpBackend())
+        elif path:  # another integer / fp8 kernel path than the platform's, in the same process
+            backend = set_op_backend(replace(get_op_backend(), int_gemm=path, fp8=path))
+        else:
+            backend = contextlib.nullcontext()
+        with backend:
+            args = EngineArgs(dtype=dtype, quantization=quantization, max_model_len=2048,
+                              kv_cache_memory_bytes=512 << 20, max_num_seqs=32, **model)
+            self.config = args.create_engine_config()
             self.worker = Worker(self.config)
             self.worker.load_model()
             self.num_blocks = self.worker.determine_num_available_blocks()
@@ -146,7 +158,7 @@ def measure(configs: list[str], context: int, prefill_len: int, steps: int) -> d
     import resource
 
     load_before = os.getloadavg()
-    setups = [Setup(name, *CONFIGS[name]) for name in configs]
+    setups = [Setup(name, *CONFIGS[name.partition("@")[0]]) for name in configs]
     times: dict[str, dict[str, list[float]]] = {s.name: {} for s in setups}
     for _ in range(max(3, steps // 4)):
         for s in setups:
@@ -527,7 +539,7 @@ def measure_rss(name: str) -> dict:
     """Child process: peak RSS (MB) of one configuration's worker, model and KV cache, built alone."""
     import resource
 
-    Setup(name, *CONFIGS[name])
+    Setup(name, *CONFIGS[name.partition("@")[0]])
     return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
@@ -543,10 +555,20 @@ def run_child(threads: int, args: argparse.Namespace, *extra: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _config_name(name: str) -> str:
+    base, _, path = name.partition("@")
+    if base not in CONFIGS or (path and base not in ("wint8", "wint4", "fp8")):
+        raise argparse.ArgumentTypeError(f"{name!r}: a configuration is one of {', '.join(CONFIGS)}, and only "
+                                         "wint8 / wint4 / fp8 take @PATH")
+    return name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), type=_config_name,
+                        help=f"of {', '.join(CONFIGS)}; NAME@PATH runs an integer / fp8 format on that kernel path "
+                             "(FD_CPU_INT_KERNEL's names, e.g. wint8@avx512-bf16) beside the platform's")
     parser.add_argument("--context", type=int, default=256, help="context tokens of each decoding sequence")
     parser.add_argument("--prefill-len", type=int, default=256)
     parser.add_argument("--decode-steps", type=int, default=24)

@@ -118,13 +118,14 @@ def cpu_gguf_kernel() -> str:
 
 
 def cpu_int_kernel() -> str:
-    """FD_CPU_INT_KERNEL: the integer-format kernel path ("auto", "avx512-bf16", "onednn", "avx512", "avx2" or "scalar")."""
-    return _kernel_path("FD_CPU_INT_KERNEL", ("avx512-bf16", "onednn", "avx512", "avx2", "scalar"))
+    """FD_CPU_INT_KERNEL: the integer-format kernel path ("auto", "amx-bf16", "avx512-bf16", "onednn", "avx512", "avx2"
+    or "scalar")."""
+    return _kernel_path("FD_CPU_INT_KERNEL", ("amx-bf16", "avx512-bf16", "onednn", "avx512", "avx2", "scalar"))
 
 
 def cpu_fp8_kernel() -> str:
-    """FD_CPU_FP8_KERNEL: the fp8-weight kernel path ("auto", "avx512-bf16", "avx512", "avx2" or "scalar")."""
-    return _kernel_path("FD_CPU_FP8_KERNEL", ("avx512-bf16", "avx512", "avx2", "scalar"))
+    """FD_CPU_FP8_KERNEL: the fp8-weight kernel path ("auto", "amx-bf16", "avx512-bf16", "avx512", "avx2" or "scalar")."""
+    return _kernel_path("FD_CPU_FP8_KERNEL", ("amx-bf16", "avx512-bf16", "avx512", "avx2", "scalar"))
 
 
 def cpu_attention_kernel() -> str:

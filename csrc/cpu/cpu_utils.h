@@ -5,6 +5,10 @@
 // machine that runs it), instead of hand-written intrinsics per ISA.
 #pragma once
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,13 +27,13 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
-// Round to nearest even, as torch and oneDNN do (NaN stays NaN).
+// Round to nearest even, as torch and oneDNN do (NaN stays NaN). Branch-free, so loops over it
+// vectorize.
 inline uint16_t float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
 }
 
 // exp(x) with ~1 ulp error (Cephes polynomial), branch-free so loops over it vectorize.
@@ -71,15 +75,42 @@ inline void store_row(const float* src, uint16_t* dst, int64_t n) {
 
 // Rows of x [m, k] rounded to bf16 once, in pairs: word j of row r holds x[r, 2j] in its low half
 // and x[r, 2j + 1] in its high one (a zero past an odd K); the activations of the bf16 dot-product
-// kernels (pair_gemm_bf16.h).
-inline void bf16_pairs(const float* x, int64_t m, int64_t k, std::vector<uint32_t>& out) {
-  const int64_t kh = (k + 1) / 2;
-  out.assign(m * kh, 0);
+// kernels (pair_gemm_bf16.h). `ldx` words per row (at least ceil(k / 2)) and `rows` rows (at least
+// m), zeros past them: the AMX tiles read whole blocks of K and whole tiles of rows.
+inline void bf16_pairs(const float* x, int64_t m, int64_t k, std::vector<uint32_t>& out, int64_t ldx = 0,
+                       int64_t rows = 0) {
+  ldx = std::max<int64_t>(ldx, (k + 1) / 2);
+  out.assign(std::max(rows, m) * ldx, 0);
   for (int64_t r = 0; r < m; ++r) {
-    for (int64_t i = 0; i < k; ++i) {
-      out[r * kh + i / 2] |= static_cast<uint32_t>(float_to_bf16(x[r * k + i])) << (16 * (i & 1));
+    const float* xr = x + r * k;
+    uint32_t* o = out.data() + r * ldx;
+#pragma omp simd
+    for (int64_t j = 0; j < k / 2; ++j) {
+      o[j] = float_to_bf16(xr[2 * j]) | static_cast<uint32_t>(float_to_bf16(xr[2 * j + 1])) << 16;
     }
+    if (k % 2 != 0) o[k / 2] = float_to_bf16(xr[k - 1]);
   }
+}
+
+// The sum of x[0, n) rounded to bf16 (what the bf16 dot products multiply), in a fixed order
+// that depends on n only.
+inline float bf16_rounded_sum(const float* x, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += bf16_to_float(float_to_bf16(x[i]));
+  return s;
+}
+
+// Whether this CPU and process can run AMX-BF16 tiles: the instructions, and Linux's permission
+// for the tile state, asked for once per process (oneDNN asks the same way).
+inline bool amx_bf16_usable() {
+  static const bool usable = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
 }
 
 inline void check_cpu_contiguous(const paddle::Tensor& t, const char* name) {

@@ -7,9 +7,12 @@
 // infinity; exponent 0 holds the subnormals m * 2^-9. Layout and arithmetic: pair_gemm_impl.h
 // (a k pair of 16 columns is 32 codes: column c, half h at byte 2c + h).
 //
-// Four paths over that one template, each compiled for its own instructions (`#pragma GCC
+// Five paths over that one template, each compiled for its own instructions (`#pragma GCC
 // target`) whatever CPU builds the library; the platform picks one at start-up
 // (fastdeploy/platforms/cpu.py, FD_CPU_FP8_KERNEL) and the op refuses a path the CPU cannot run:
+//   "amx-bf16":    the codes decoded as on "avx512-bf16", multiplied on AMX tiles (pair_gemm_amx.h);
+//                  block-wise scales in groups that are not a multiple of 32 rows run on
+//                  "avx512-bf16" instead (decided per layer, not per call);
 //   "avx512-bf16": codes -> bf16 by a 128-entry table lookup (vpermt2w), `vdpbf16ps` with the
 //                  activations rounded to bf16 (the model computes in bf16);
 //   "avx512":      the same decode, widened to fp32, fp32 FMAs on fp32 activations;
@@ -29,7 +32,7 @@
 
 namespace fastdeploy_cpu {
 
-enum Fp8Isa : int { kFp8Scalar = 0, kFp8Avx2 = 1, kFp8Avx512 = 2, kFp8Avx512Bf16 = 3 };
+enum Fp8Isa : int { kFp8Scalar = 0, kFp8Avx2 = 1, kFp8Avx512 = 2, kFp8Avx512Bf16 = 3, kFp8AmxBf16 = 4 };
 
 namespace {
 
@@ -234,7 +237,7 @@ struct Ops : fp8_avx512_decode::Ops512 {
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
 namespace fp8_avx512_bf16 {
 
 using fp8_avx512_decode::Ops512;
@@ -248,6 +251,7 @@ struct Ops : OpsBf16 {
 };
 
 #include "pair_gemm_impl.h"
+#include "pair_gemm_amx.h"
 
 }  // namespace fp8_avx512_bf16
 #pragma GCC pop_options
@@ -265,6 +269,7 @@ bool fp8_isa_supported(int isa) {
     case kFp8Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case kFp8Avx512: return avx512;
     case kFp8Avx512Bf16: return avx512 && __builtin_cpu_supports("avx512bf16");
+    case kFp8AmxBf16: return avx512 && __builtin_cpu_supports("avx512bf16") && amx_bf16_usable();
     default: return false;
   }
 }
@@ -277,10 +282,14 @@ void fp8_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t gr
   if (m == 0 || n == 0) return;
   PD_CHECK(fp8_isa_supported(isa), "fd_fp8_linear: this CPU cannot run kernel path " + std::to_string(isa) + ".");
   const int64_t kh = (k + 1) / 2, group_pairs = group / 2, groups = (kh + group_pairs - 1) / group_pairs;
-  if (isa == kFp8Avx512Bf16) {
+  if (isa == kFp8Avx512Bf16 || isa == kFp8AmxBf16) {
+    namespace b = fp8_avx512_bf16;
+    const bool amx = isa == kFp8AmxBf16 && b::amx::fits(groups, group_pairs);
+    const int64_t ldx = amx ? b::amx::padded_pairs(kh) : kh;
     thread_local std::vector<uint32_t> xb;
-    bf16_pairs(x, m, k, xb);
-    fp8_avx512_bf16::gemm(xb.data(), m, kh, kh, w, groups, group_pairs, scales, nullptr, nullptr, bias, n, out);
+    bf16_pairs(x, m, k, xb, ldx, amx ? b::amx::padded_rows(m) : m);
+    (amx ? b::amx::gemm : b::gemm)(xb.data(), m, ldx, kh, w, groups, group_pairs, scales, nullptr, nullptr, bias, n,
+                                  out);
     return;
   }
   const float* xs = x;

@@ -5,9 +5,12 @@
 // a decode step reads) and are widened in registers, 16 output columns at a time. Layouts and
 // the fp32 arithmetic: int_gemm_impl.h.
 //
-// Four paths, each compiled for its own instructions (`#pragma GCC target`) whatever CPU builds
+// Five paths, each compiled for its own instructions (`#pragma GCC target`) whatever CPU builds
 // the library; the platform picks one at start-up (fastdeploy/platforms/cpu.py,
 // FD_CPU_INT_KERNEL) and the op refuses a path the CPU cannot run:
+//   "amx-bf16":    the same bf16 pairs multiplied on AMX tiles (pair_gemm_amx.h), 16 rows x 16
+//                  columns x 32 K per instruction; int4 layers whose groups are not a multiple of
+//                  32 rows run on "avx512-bf16" instead (decided per layer, not per call);
 //   "avx512-bf16": pairs of K rows widened to bf16 (exact: the integers fit bf16's 8 bits),
 //                  `vdpbf16ps` with the activations rounded to bf16 (the model computes in
 //                  bf16), on pair_gemm_impl.h (fp8_gemm.cc's template): a prefill's panels are
@@ -167,7 +170,7 @@ struct Ops {
 // -------------------------------------------------------------------- AVX512-BF16 path
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16")
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")
 namespace int_avx512_bf16 {
 
 #include "pair_gemm_avx512.h"
@@ -205,11 +208,13 @@ struct Int4Ops : OpsBf16 {
 namespace int8 {
 using Ops = Int8Ops;
 #include "pair_gemm_impl.h"
+#include "pair_gemm_amx.h"
 }  // namespace int8
 
 namespace int4 {
 using Ops = Int4Ops;
 #include "pair_gemm_impl.h"
+#include "pair_gemm_amx.h"
 }  // namespace int4
 
 }  // namespace int_avx512_bf16
@@ -228,6 +233,7 @@ bool int_isa_supported(int isa) {
     case kIntAvx512Bf16:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+    case kIntAmxBf16: return int_isa_supported(kIntAvx512Bf16) && amx_bf16_usable();
     default: return false;
   }
 }
@@ -267,29 +273,35 @@ void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, 
   const int64_t groups = bits == 4 ? (k + group - 1) / group : 1;
   thread_local std::vector<float> xsum_buf;
   xsum_buf.assign(bits == 4 ? m * groups : 0, 0.0f);
-  // The bf16 path multiplies the activations rounded to bf16, in pairs (rounded once here).
-  const bool bf16 = isa == kIntAvx512Bf16;
-  const int64_t kh = (k + 1) / 2;
+  // The bf16 paths multiply the activations rounded to bf16, in pairs (rounded once here). AMX
+  // serves a layer whose groups span whole tile multiplies (int8, int4 in groups of a multiple of
+  // 32): the choice depends on the layer, never on the rows of the call.
+  const int64_t kh = (k + 1) / 2, group_pairs = bits == 4 ? group / 2 : kh;
+  const bool amx = isa == kIntAmxBf16 && int_avx512_bf16::int8::amx::fits(groups, group_pairs);
+  const bool bf16 = isa == kIntAvx512Bf16 || isa == kIntAmxBf16;
+  const int64_t ldx = amx ? int_avx512_bf16::int8::amx::padded_pairs(kh) : kh;
   thread_local std::vector<uint32_t> xb;
-  if (bf16) bf16_pairs(x, m, k, xb);
-  // Sum of each group's activations, left to right (the min term of int4 weights), of the values
-  // the path multiplies.
+  if (bf16) bf16_pairs(x, m, k, xb, ldx, amx ? int_avx512_bf16::int8::amx::padded_rows(m) : m);
+  // Sum of each group's activations (the min term of int4 weights), of the values the path
+  // multiplies.
   for (int64_t r = 0; r < m && bits == 4; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = x + r * k + g * group;
+      const int64_t len = std::min(k, (g + 1) * group) - g * group;
       float s = 0.0f;
-      for (int64_t i = g * group; i < std::min(k, (g + 1) * group); ++i) {
-        s += bf16 ? bf16_to_float(static_cast<uint16_t>(xb[r * kh + i / 2] >> (16 * (i & 1)))) : x[r * k + i];
+      if (bf16) {
+        s = bf16_rounded_sum(xg, len);
+      } else {
+        for (int64_t i = 0; i < len; ++i) s += xg[i];
       }
       xsum_buf[r * groups + g] = s;
     }
   }
   if (bf16) {
-    if (bits == 8) {
-      int_avx512_bf16::int8::gemm(xb.data(), m, kh, kh, w, 1, kh, scales, nullptr, nullptr, bias, n, out);
-    } else {
-      int_avx512_bf16::int4::gemm(xb.data(), m, kh, kh, w, groups, group / 2, scales, mins, xsum_buf.data(), bias, n,
-                                  out);
-    }
+    namespace b = int_avx512_bf16;
+    const auto run = bits == 8 ? (amx ? b::int8::amx::gemm : b::int8::gemm) : (amx ? b::int4::amx::gemm : b::int4::gemm);
+    run(xb.data(), m, ldx, kh, w, groups, group_pairs, scales, bits == 4 ? mins : nullptr,
+        bits == 4 ? xsum_buf.data() : nullptr, bias, n, out);
     return;
   }
   const IntGemmArgs args{x, xsum_buf.data(), m, k, n, groups, group, k + (k & 1), bits, w, scales, mins, bias, out};

@@ -55,8 +55,8 @@ void fused_moe(const float* x, int64_t num_tokens, int64_t hidden, const int64_t
 
 // int_gemm.cc: out[m, n] = x[m, k] @ W (+ bias) with W integers (8 bits per channel, or 4 bits
 // per group of `group` rows of K) in 16-column panels, widened in registers (to fp32, or to bf16
-// on the AVX512-BF16 path).
-enum IntIsa : int { kIntScalar = 0, kIntAvx2 = 1, kIntAvx512 = 2, kIntAvx512Bf16 = 3 };
+// on the AVX512-BF16 and AMX paths).
+enum IntIsa : int { kIntScalar = 0, kIntAvx2 = 1, kIntAvx512 = 2, kIntAvx512Bf16 = 3, kIntAmxBf16 = 4 };
 constexpr int64_t kIntPanel = 16;
 int64_t int_packed_bytes(int bits, int64_t k, int64_t n);
 // A linear layer's integer weight in one buffer: the panels, then the fp32 scales, then (int4) the

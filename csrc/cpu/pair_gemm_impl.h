@@ -155,18 +155,27 @@ void panels(const Args& a, int64_t pb, int64_t pe, W* buffer) {
   }
 }
 
-// The whole GEMM on this path: threads take contiguous ranges of panels.
-void gemm(const X* x, int64_t m, int64_t ldx, int64_t kh, const uint8_t* w, int64_t groups, int64_t group_pairs,
-          const float* scales, const float* mins, const float* xsum, const float* bias, int64_t n, float* out) {
-  const Args args{x, m, ldx, kh, n, groups, group_pairs, w, scales, mins, xsum, bias, out};
+// Runs body(pb, pe) for each thread's contiguous range of panels [pb, pe): the weights are read
+// once in all, and which thread computes a column changes nothing in it.
+template <typename Body>
+void for_panel_ranges(int64_t n, Body body) {
   const int64_t num_panels = (n + kPanel - 1) / kPanel;
   const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, num_panels / 4)));
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t pb = num_panels * t / nt, pe = num_panels * (t + 1) / nt;
+    if (pb < pe) body(pb, pe);
+  }
+}
+
+// The whole GEMM on this path.
+void gemm(const X* x, int64_t m, int64_t ldx, int64_t kh, const uint8_t* w, int64_t groups, int64_t group_pairs,
+          const float* scales, const float* mins, const float* xsum, const float* bias, int64_t n, float* out) {
+  const Args args{x, m, ldx, kh, n, groups, group_pairs, w, scales, mins, xsum, bias, out};
+  for_panel_ranges(n, [&](int64_t pb, int64_t pe) {
     thread_local std::vector<W> buffer;
     if (m > kRows && static_cast<int64_t>(buffer.size()) < Ops::kPanels * kh) buffer.resize(Ops::kPanels * kh);
-    if (pb < pe) panels(args, pb, pe, buffer.data());
-  }
+    panels(args, pb, pe, buffer.data());
+  });
 }

@@ -52,15 +52,15 @@ class OpBackend:
     # or "paddle" (not built: the format is refused).
     gguf: str = "paddle"
     # Integer weight kernels (wint8 / wint4 / awq / gptq): "onednn" (csrc/cpu/linear.cc's weight
-    # decompression), or csrc/cpu/int_gemm.cc's "avx512-bf16", "avx512", "avx2", "scalar"
+    # decompression), or csrc/cpu/int_gemm.cc's "amx-bf16", "avx512-bf16", "avx512", "avx2", "scalar"
     # or "paddle" (not built: the formats are refused).
     int_gemm: str = "paddle"
     # W8A8: "onednn" (oneDNN's int8 matmul, csrc/cpu/linear.cc), "scalar" (portable C++) or "paddle" (refused);
     # w8a8_weight_max: the largest |int8 weight|, 63 where the CPU has no VNNI (vpmaddubsw saturates int16).
     w8a8: str = "paddle"
     w8a8_weight_max: int = 127
-    # fp8 (e4m3) weight kernels (--quantization fp8, csrc/cpu/fp8_gemm.cc): "avx512-bf16", "avx512", "avx2",
-    # "scalar" or "paddle" (not built: the format is refused). "avx512-bf16" serves bf16 models only.
+    # fp8 (e4m3) weight kernels (--quantization fp8, csrc/cpu/fp8_gemm.cc): "amx-bf16", "avx512-bf16", "avx512",
+    # "avx2", "scalar" or "paddle" (not built: the format is refused). The bf16 paths serve bf16 models only.
     fp8: str = "paddle"
 
     @property

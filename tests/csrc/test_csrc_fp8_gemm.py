@@ -11,6 +11,7 @@ import pytest
 
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.quantization.fp8 import KERNEL_PATHS, pack_fp8
+from fastdeploy.model_executor.layers.quantization.int_kernels import BF16_DOT_PATHS
 from fastdeploy.platforms.cpu import fp8_kernel_paths
 from tests.csrc.conftest import bf16_round
 
@@ -31,7 +32,7 @@ TABLE = np.array([e4m3(c) for c in range(256)])
 
 
 def reference(x, codes, scales, group, path):
-    xs = bf16_round(x) if path == "avx512-bf16" else x  # bf16 dot products round the activations
+    xs = bf16_round(x) if path in BF16_DOT_PATHS else x  # bf16 dot products round the activations
     w = TABLE[codes] * scales.astype(np.float64)[np.arange(codes.shape[0]) // group]
     return xs.astype(np.float64) @ w
 
@@ -80,7 +81,7 @@ def test_the_kernel_matches_the_reference(path, k, n, group):
     x = rng.standard_normal((33, k)).astype(np.float32)
     whole = run(x, codes, scales, group, path, bias)
     want = reference(x, codes, scales, group, path) + bias
-    scale = np.abs(bf16_round(x) if path == "avx512-bf16" else x) @ np.abs(TABLE[codes] * scales[np.arange(k) // group])
+    scale = np.abs(bf16_round(x) if path in BF16_DOT_PATHS else x) @ np.abs(TABLE[codes] * scales[np.arange(k) // group])
     np.testing.assert_array_less(np.abs(whole - want), 1e-5 * scale + 1e-6)
     for m in range(1, 34):  # every tile shape; each row's result independent of the rest of the batch
         np.testing.assert_array_equal(run(x[:m], codes, scales, group, path, bias), whole[:m])

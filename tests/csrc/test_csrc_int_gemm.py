@@ -12,6 +12,7 @@ import pytest
 
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.quantization.int_kernels import (
+    BF16_DOT_PATHS,
     KERNEL_PATHS,
     linear_buffer,
     pack_int4,
@@ -41,7 +42,7 @@ def int_linear(x, packed, bits, path, bias=None, group=128, n=N):
 
 def activations(x, path):
     """What the path multiplies: bf16 dot products round the activations."""
-    return (bf16_round(x) if path == "avx512-bf16" else x).astype(np.float64)
+    return (bf16_round(x) if path in BF16_DOT_PATHS else x).astype(np.float64)
 
 
 def weights(bits, k=K, n=N, group=128):

@@ -177,7 +177,8 @@ def test_fd_cpu_int_kernel_picks_the_integer_paths(monkeypatch):
         assert cpu.int_kernel_path() == path
     assert cpu.w8a8_kernel(built) == ("scalar", 127)  # FD_CPU_INT_KERNEL=scalar: the portable W8A8 too
     monkeypatch.setenv("FD_CPU_INT_KERNEL", "avx9")
-    with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL must be auto, avx512-bf16, onednn, avx512, avx2 or scalar"):
+    with pytest.raises(ValueError,
+                       match="FD_CPU_INT_KERNEL must be auto, amx-bf16, avx512-bf16, onednn, avx512, avx2 or scalar"):
         cpu.int_kernel_path()
     # int_gemm.cc's bf16 dot products by default on AVX512-BF16, oneDNN's weight decompression on request.
     monkeypatch.setattr(cpu, "cpu_flags",
@@ -186,6 +187,15 @@ def test_fd_cpu_int_kernel_picks_the_integer_paths(monkeypatch):
     monkeypatch.setenv("FD_CPU_INT_KERNEL", "auto")
     assert cpu.int_kernel_paths() == ["avx512-bf16", "avx512", "onednn", "avx2", "scalar"]
     assert cpu.int_kernel_choice(built | {"fd_weight_only_linear"}) == "avx512-bf16"
+    # AMX tiles first where the CPU has them (Sapphire Rapids), for the fp8 weights too.
+    amx = {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16"}
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(amx))
+    assert cpu.int_kernel_paths() == ["amx-bf16", "avx512-bf16", "avx512", "onednn", "avx2", "scalar"]
+    assert cpu.fp8_kernel_paths() == ["amx-bf16", "avx512-bf16", "avx512", "avx2", "scalar"]
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(amx - {"amx_bf16"}))
+    assert cpu.int_kernel_paths()[0] == "avx512-bf16" and cpu.fp8_kernel_paths()[0] == "avx512-bf16"
+    monkeypatch.setattr(cpu, "cpu_flags",
+                        lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16"}))
     monkeypatch.setenv("FD_CPU_INT_KERNEL", "onednn")
     assert cpu.int_kernel_choice(built | {"fd_weight_only_linear"}) == "onednn"
     with pytest.raises(ValueError, match="FD_CPU_INT_KERNEL=onednn: the kernels were built without oneDNN"):

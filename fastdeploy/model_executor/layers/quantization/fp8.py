@@ -48,7 +48,7 @@ NAME = "fp8"
 E4M3_MAX = 448.0  # the largest finite e4m3 value (code 0x7E)
 PANEL = 16
 # The kernel path names (OpBackend.fp8) -> the op's isa argument.
-KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512-bf16": 3}
+KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512-bf16": 3, "amx-bf16": 4}
 # The checkpoint's projections behind each fused layer (for ignored_layers).
 _FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 

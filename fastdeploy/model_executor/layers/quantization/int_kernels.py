@@ -17,9 +17,10 @@ import numpy as np
 
 PANEL = 16
 # The kernel path names (OpBackend.int_gemm) of int_gemm.cc -> the op's isa argument.
-KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512-bf16": 3}
-# The bf16 dot-product path (int_gemm.cc, fp8_gemm.cc), which rounds the activations to bf16.
-BF16_DOT_PATH = "avx512-bf16"
+KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512-bf16": 3, "amx-bf16": 4}
+# The bf16 dot-product paths (int_gemm.cc, fp8_gemm.cc: AVX512-BF16 registers, AMX tiles), which
+# round the activations to bf16.
+BF16_DOT_PATHS = ("amx-bf16", "avx512-bf16")
 # The path on oneDNN's weight-decompression matmul (csrc/cpu/linear.cc, AVX512-BF16 / AMX CPUs).
 ONEDNN_PATH = "onednn"
 # The smallest run of K rows per scale given to oneDNN (a finer split of a group: see onednn_operands).
@@ -121,7 +122,7 @@ def _panels(a: np.ndarray) -> np.ndarray:
 def path_for_dtype(path: str, dtype: str) -> str:
     """The kernel path for a layer computing in ``dtype``: bf16 dot products round the activations to
     bf16, so an fp32 model keeps fp32 activations on the AVX-512 fp32 path instead."""
-    return "avx512" if path == BF16_DOT_PATH and dtype != "bfloat16" else path
+    return "avx512" if path in BF16_DOT_PATHS and dtype != "bfloat16" else path
 
 
 def pack_int8(q: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

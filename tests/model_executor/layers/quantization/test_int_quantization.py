@@ -6,7 +6,7 @@ import pytest
 
 from fastdeploy.model_executor.layers import quantization
 from fastdeploy.model_executor.layers.linear import RowParallelLinear
-from fastdeploy.model_executor.layers.quantization.int_kernels import BF16_DOT_PATH, KERNEL_PATHS, path_for_dtype
+from fastdeploy.model_executor.layers.quantization.int_kernels import BF16_DOT_PATHS, KERNEL_PATHS, path_for_dtype
 from fastdeploy.model_executor.layers.quantization.w8a8 import W8A8Config, W8A8LinearMethod
 from fastdeploy.model_executor.layers.quantization.weight_only import IntLinearMethod, WInt4Config, WInt8Config
 from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead
@@ -31,8 +31,9 @@ def test_the_projections_are_quantized_and_the_head_is_not():
 
 
 def test_bf16_dot_products_serve_bf16_models_only():
-    assert path_for_dtype(BF16_DOT_PATH, "bfloat16") == BF16_DOT_PATH
-    assert path_for_dtype(BF16_DOT_PATH, "float32") == "avx512"
+    for path in BF16_DOT_PATHS:
+        assert path_for_dtype(path, "bfloat16") == path
+        assert path_for_dtype(path, "float32") == "avx512"
     assert path_for_dtype("avx2", "bfloat16") == "avx2"
 
 
@@ -55,7 +56,7 @@ def test_a_checkpoint_quantized_at_load_is_close_to_fp32(tiny_llama, method):
     proj = model.model.layers[0].mlp.down_proj
     assert proj.weight is None and proj.qweight.dtype.name in ("UINT8", "INT8")
     if method != "w8a8":  # an fp32 model keeps fp32 activations: never the bf16 dot products
-        assert proj._int_args[-1] != KERNEL_PATHS[BF16_DOT_PATH]
+        assert proj._int_args[-1] not in [KERNEL_PATHS[p] for p in BF16_DOT_PATHS]
     got = prefill_logits(model, prompt)
     err = np.abs(got - ref).max() / (ref.max() - ref.min())
     assert 0 < err < TOLERANCE[method], err
