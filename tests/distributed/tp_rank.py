@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 
 def run_jobs(jobs: list[dict], max_new_tokens: int) -> dict[str, dict]:
-    """Per job: prefill logits of each prompt, and the greedy continuation with its first step's logits."""
+    """Per job: prefill logits of each prompt, and (unless the job is ``prefill_only``) the greedy continuation with
+    its first step's logits."""
     from tests.model_executor.utils import greedy_generate, prefill_logits
 
     results = {}
@@ -24,6 +25,8 @@ def run_jobs(jobs: list[dict], max_new_tokens: int) -> dict[str, dict]:
         out = {"logits": [], "tokens": [], "first": [], "num_kv_heads": model.num_kv_heads}
         for prompt in job["prompts"]:
             out["logits"].append(prefill_logits(model, prompt))
+            if job.get("prefill_only"):
+                continue
             tokens, first = greedy_generate(model, prompt, max_new_tokens, prefill_chunk=job.get("prefill_chunk"))
             out["tokens"].append(tokens)
             out["first"].append(first)
