@@ -11,8 +11,8 @@
 // target`) whatever CPU builds the library; the platform picks one at start-up
 // (fastdeploy/platforms/cpu.py, FD_CPU_FP8_KERNEL) and the op refuses a path the CPU cannot run:
 //   "amx-bf16":    the codes decoded as on "avx512-bf16", multiplied on AMX tiles (pair_gemm_amx.h);
-//                  block-wise scales in groups that are not a multiple of 32 rows run on
-//                  "avx512-bf16" instead (decided per layer, not per call);
+//                  block-wise scales need groups of a multiple of 32 rows (the layer picks
+//                  "avx512-bf16" for others: int_kernels.path_for_dtype);
 //   "avx512-bf16": codes -> bf16 by a 128-entry table lookup (vpermt2w), `vdpbf16ps` with the
 //                  activations rounded to bf16 (the model computes in bf16);
 //   "avx512":      the same decode, widened to fp32, fp32 FMAs on fp32 activations;
@@ -284,10 +284,12 @@ void fp8_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t gr
   const int64_t kh = (k + 1) / 2, group_pairs = group / 2, groups = (kh + group_pairs - 1) / group_pairs;
   if (isa == kFp8Avx512Bf16 || isa == kFp8AmxBf16) {
     namespace b = fp8_avx512_bf16;
-    const bool amx = isa == kFp8AmxBf16 && b::amx::fits(groups, group_pairs);
-    const int64_t ldx = amx ? b::amx::padded_pairs(kh) : kh;
+    const bool amx = isa == kFp8AmxBf16;
+    PD_CHECK(!amx || b::amx::fits(groups, group_pairs),
+             "fd_fp8_linear: amx-bf16 needs one group or groups of a multiple of 32 rows (path_for_dtype picks "
+             "avx512-bf16 for the others).");
     thread_local std::vector<uint32_t> xb;
-    bf16_pairs(x, m, k, xb, ldx, amx ? b::amx::padded_rows(m) : m);
+    const int64_t ldx = b::amx::prepare_pairs(x, m, k, amx, xb);
     (amx ? b::amx::gemm : b::gemm)(xb.data(), m, ldx, kh, w, groups, group_pairs, scales, nullptr, nullptr, bias, n,
                                   out);
     return;

@@ -9,8 +9,8 @@
 // the library; the platform picks one at start-up (fastdeploy/platforms/cpu.py,
 // FD_CPU_INT_KERNEL) and the op refuses a path the CPU cannot run:
 //   "amx-bf16":    the same bf16 pairs multiplied on AMX tiles (pair_gemm_amx.h), 16 rows x 16
-//                  columns x 32 K per instruction; int4 layers whose groups are not a multiple of
-//                  32 rows run on "avx512-bf16" instead (decided per layer, not per call);
+//                  columns x 32 K per instruction; int4 groups must be a multiple of 32 rows (the
+//                  layer picks "avx512-bf16" for others: int_kernels.path_for_dtype);
 //   "avx512-bf16": pairs of K rows widened to bf16 (exact: the integers fit bf16's 8 bits),
 //                  `vdpbf16ps` with the activations rounded to bf16 (the model computes in
 //                  bf16), on pair_gemm_impl.h (fp8_gemm.cc's template): a prefill's panels are
@@ -273,15 +273,14 @@ void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, 
   const int64_t groups = bits == 4 ? (k + group - 1) / group : 1;
   thread_local std::vector<float> xsum_buf;
   xsum_buf.assign(bits == 4 ? m * groups : 0, 0.0f);
-  // The bf16 paths multiply the activations rounded to bf16, in pairs (rounded once here). AMX
-  // serves a layer whose groups span whole tile multiplies (int8, int4 in groups of a multiple of
-  // 32): the choice depends on the layer, never on the rows of the call.
+  // The bf16 paths multiply the activations rounded to bf16, in pairs (rounded once here).
   const int64_t kh = (k + 1) / 2, group_pairs = bits == 4 ? group / 2 : kh;
-  const bool amx = isa == kIntAmxBf16 && int_avx512_bf16::int8::amx::fits(groups, group_pairs);
-  const bool bf16 = isa == kIntAvx512Bf16 || isa == kIntAmxBf16;
-  const int64_t ldx = amx ? int_avx512_bf16::int8::amx::padded_pairs(kh) : kh;
+  const bool amx = isa == kIntAmxBf16, bf16 = isa == kIntAvx512Bf16 || amx;
+  PD_CHECK(!amx || int_avx512_bf16::int8::amx::fits(groups, group_pairs),
+           "fd_int_linear: amx-bf16 needs one group or groups of a multiple of 32 rows (path_for_dtype picks "
+           "avx512-bf16 for the others).");
   thread_local std::vector<uint32_t> xb;
-  if (bf16) bf16_pairs(x, m, k, xb, ldx, amx ? int_avx512_bf16::int8::amx::padded_rows(m) : m);
+  const int64_t ldx = bf16 ? int_avx512_bf16::int8::amx::prepare_pairs(x, m, k, amx, xb) : kh;
   // Sum of each group's activations (the min term of int4 weights), of the values the path
   // multiplies.
   for (int64_t r = 0; r < m && bits == 4; ++r) {

@@ -9,7 +9,7 @@
 // rows share its tile, however many row tiles the call has and whether its panel was decoded into
 // the buffer or block by block: a row's result never depends on the rest of the batch or on the
 // thread count. The bits differ from the AVX-512 bf16 path's (another order of additions), so a
-// process runs one path throughout.
+// layer runs one path throughout.
 //
 // Tiles: tmm0..3 the sums of one row tile x panel 0 / 1 x the even / odd blocks of K, tmm4 / tmm5
 // the activations of an even / odd block, tmm6 / tmm7 the weights of panels 0 / 1.
@@ -28,6 +28,14 @@ inline int64_t padded_pairs(int64_t kh) { return (kh + kBlockPairs - 1) / kBlock
 
 // The rows the prepared activations hold: a call of more than one tile reads whole tiles.
 inline int64_t padded_rows(int64_t m) { return m <= kTileRows ? m : (m + kTileRows - 1) / kTileRows * kTileRows; }
+
+// The call's activations rounded to bf16 pairs into xb, padded for the tiles on AMX (`amx`);
+// returns their row stride in pairs.
+inline int64_t prepare_pairs(const float* x, int64_t m, int64_t k, bool amx, std::vector<uint32_t>& xb) {
+  const int64_t kh = (k + 1) / 2, ldx = amx ? padded_pairs(kh) : kh;
+  bf16_pairs(x, m, k, xb, ldx, amx ? padded_rows(m) : m);
+  return ldx;
+}
 
 struct alignas(64) TileConfig {
   uint8_t palette = 1;

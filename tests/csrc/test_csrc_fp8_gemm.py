@@ -11,7 +11,7 @@ import pytest
 
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.quantization.fp8 import KERNEL_PATHS, pack_fp8
-from fastdeploy.model_executor.layers.quantization.int_kernels import BF16_DOT_PATHS
+from fastdeploy.model_executor.layers.quantization.int_kernels import BF16_DOT_PATHS, path_for_dtype
 from fastdeploy.platforms.cpu import fp8_kernel_paths
 from tests.csrc.conftest import bf16_round
 
@@ -74,6 +74,7 @@ def test_a_nan_code_makes_its_column_nan(path):
 @pytest.mark.parametrize("k,n,group", [(70, 45, 70), (37, 33, 38), (96, 50, 32), (130, 17, 16)])
 def test_the_kernel_matches_the_reference(path, k, n, group):
     """Per-channel (one group) and block-wise scales, odd K, N off the 16-column panels, M = 1..33."""
+    path = path_for_dtype(path, "bfloat16", k, group)  # groups of 16 rows: not AMX's
     codes = rng.choice(FINITE, (k, n))
     groups = -(-k // group)
     scales = rng.uniform(0.001, 0.01, (groups, n)).astype(np.float32)
@@ -117,3 +118,9 @@ def test_a_path_the_cpu_cannot_run_and_bad_sizes_are_refused():
         ops.fp8_linear(paddle.ones([1, 10]), paddle.to_tensor(qweight), paddle.to_tensor(scales), None, 16, 10, 0)
     with pytest.raises(Exception, match="cannot run kernel path 7"):
         ops.fp8_linear(x, paddle.to_tensor(qweight), paddle.to_tensor(scales), None, 16, 8, 7)
+    if "amx-bf16" in PATHS:  # several groups of 16 rows: AMX's tiles take 32 at a time
+        codes = rng.choice(FINITE, (64, 16))
+        qweight, scales = pack_fp8(codes, np.ones((4, 16), np.float32))
+        with pytest.raises(Exception, match="amx-bf16 needs one group or groups of a multiple of 32 rows"):
+            ops.fp8_linear(paddle.ones([1, 64]), paddle.to_tensor(qweight), paddle.to_tensor(scales), None, 16, 16,
+                           KERNEL_PATHS["amx-bf16"])

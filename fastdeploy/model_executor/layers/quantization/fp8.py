@@ -190,7 +190,7 @@ class Fp8LinearMethod(LinearMethodBase):
         else:
             codes, per_channel = quantize_fp8(layer.weight.numpy())
             scales, group = per_channel[None, :], 2 * -(-k // 2)
-        path = path_for_dtype(self.config.kernel_path, dtype)
+        path = path_for_dtype(self.config.kernel_path, dtype, k, group)
         qweight, packed_scales = (paddle.to_tensor(a) for a in pack_fp8(codes, scales))
         layer.register_buffer("qweight", qweight, persistable=True)
         layer.register_buffer("weight_scale", packed_scales, persistable=True)

@@ -15,6 +15,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from fastdeploy.logger import init_logger
+
+logger = init_logger(__name__)
+
 PANEL = 16
 # The kernel path names (OpBackend.int_gemm) of int_gemm.cc -> the op's isa argument.
 KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512-bf16": 3, "amx-bf16": 4}
@@ -119,10 +123,22 @@ def _panels(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(out.reshape(rows, p, PANEL).transpose(1, 0, 2))
 
 
-def path_for_dtype(path: str, dtype: str) -> str:
-    """The kernel path for a layer computing in ``dtype``: bf16 dot products round the activations to
-    bf16, so an fp32 model keeps fp32 activations on the AVX-512 fp32 path instead."""
-    return "avx512" if path in BF16_DOT_PATHS and dtype != "bfloat16" else path
+# K rows per AMX tile multiply (csrc/cpu/pair_gemm_amx.h): a layer's scale groups must span whole ones.
+AMX_BLOCK_ROWS = 32
+
+
+def path_for_dtype(path: str, dtype: str, k: int | None = None, group: int | None = None) -> str:
+    """The kernel path for a layer computing in ``dtype`` with ``k`` input rows in scale groups of ``group``
+    (None: one scale per column): bf16 dot products round the activations to bf16, so an fp32 model keeps fp32
+    activations on the AVX-512 fp32 path instead; AMX tiles multiply 32 rows of K at a time, so a layer with
+    several groups of another size runs on AVX512-BF16 registers (logged)."""
+    if path in BF16_DOT_PATHS and dtype != "bfloat16":
+        return "avx512"
+    if path == "amx-bf16" and k is not None and group is not None and -(-k // group) > 1 and group % AMX_BLOCK_ROWS:
+        logger.info("K=%d in groups of %d rows: avx512-bf16 instead of amx-bf16 (its tiles need groups of a "
+                    "multiple of %d rows)", k, group, AMX_BLOCK_ROWS)
+        return "avx512-bf16"
+    return path
 
 
 def pack_int8(q: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

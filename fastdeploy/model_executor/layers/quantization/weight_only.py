@@ -125,7 +125,8 @@ class IntLinearMethod(LinearMethodBase):
                             type(layer).__name__, k, layer.output_size, self.bits, self.group, ONEDNN_MIN_GROUP)
             packed = pack_int8(*weight) if isinstance(weight, Int8Weight) else pack_int4(weight)
             tensors = [paddle.to_tensor(linear_buffer(packed))]
-            isa = KERNEL_PATHS["avx512" if self.path == ONEDNN_PATH else path_for_dtype(self.path, dtype)]
+            group = self.group if self.bits == 4 else None
+            isa = KERNEL_PATHS["avx512" if self.path == ONEDNN_PATH else path_for_dtype(self.path, dtype, k, group)]
             args = ("int_gemm", tensors[0], layer.bias, layer.output_size, self.bits, self.group, isa)
         for name, t in zip(("qweight", "scales"), tensors, strict=False):
             layer.register_buffer(name, t, persistable=True)
@@ -213,7 +214,11 @@ class IntFusedMoEMethod(FusedMoEMethodBase):
             for name, t in zip(("qweight", "scales", "mins"), tensors, strict=False):
                 layer.register_buffer(f"{prefix}_{name}", t, persistable=True)
         mins13, mins2 = (w13[2], w2[2]) if self.bits == 4 else (None, None)
-        isa = int_gemm_isa(path_for_dtype(self.path, dtype), f"wint{self.bits} MoE experts")
+        group = self.group if self.bits == 4 else None
+        path = self.path  # one path for both GEMMs: K = hidden (gate|up) and K = intermediate (down)
+        for k in (layer.hidden_size, layer.intermediate_size):
+            path = path_for_dtype(path, dtype, k, group)
+        isa = int_gemm_isa(path, f"wint{self.bits} MoE experts")
         object.__setattr__(layer, "_int_moe_args", (w13[0], w13[1], mins13, w2[0], w2[1], mins2,
                                                     layer.intermediate_size, self.bits, self.group, isa))
         layer.w13_weight = None

@@ -35,6 +35,10 @@ def test_bf16_dot_products_serve_bf16_models_only():
         assert path_for_dtype(path, "bfloat16") == path
         assert path_for_dtype(path, "float32") == "avx512"
     assert path_for_dtype("avx2", "bfloat16") == "avx2"
+    # AMX tiles take 32 rows of K at a time: other groups of a multi-group layer go to the registers.
+    assert path_for_dtype("amx-bf16", "bfloat16", 576, 128) == "amx-bf16"
+    assert path_for_dtype("amx-bf16", "bfloat16", 576, 16) == "avx512-bf16"
+    assert path_for_dtype("amx-bf16", "bfloat16", 16, 16) == "amx-bf16"  # one group
 
 
 @pytest.fixture(scope="module")
