@@ -35,7 +35,7 @@ namespace attn_bf16 {
 #include "transpose16_impl.h"
 
 constexpr int64_t kKeys = 16;      // keys per tile: one register of fp32 scores
-constexpr int64_t kGroupRows = 4;  // query rows sharing each key-pair load
+constexpr int64_t kGroupRows = 4;  // most query rows sharing each key-pair load
 
 // acc + w . x (bf16 pairs per lane) with x's one pair in every lane (GCC folds the broadcast into
 // the instruction's memory operand). A value, not an asm on a reference: accumulators held in
@@ -61,7 +61,7 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
   constexpr int kPvRows = D <= 64 ? 4 : 2;  // rows of accumulators in the 32 registers at once
   const int64_t group = num_heads / num_kv_heads;
   const int64_t tile_tokens = std::max<int64_t>(1, fastdeploy_cpu::kAttentionTileRows / group);
-  const int64_t max_rows = (tile_tokens * group + kGroupRows - 1) / kGroupRows * kGroupRows;
+  const int64_t max_rows = tile_tokens * group;
 
   // Output lane t of half q of a 32-lane chunk reads lane idx of the chunk's unpacklo (bit 4 clear)
   // or unpackhi (bit 4 set) accumulator: unpack interleaves 4 of every 8 lanes per 128-bit lane.
@@ -89,18 +89,15 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
     auto& probs_bf = sc.probs_bf;
     auto& row_pos = sc.row_pos;
     const int64_t rows = at.rows, first_token = at.first_token, first_pos = at.first_pos, last_pos = at.last_pos;
-    const int64_t padded_rows = (rows + kGroupRows - 1) / kGroupRows * kGroupRows;
+    // One pass of P @ V covers every row (a decode's group of heads): values are unpacked where multiplied.
+    const bool one_pass = rows <= std::min<int64_t>(kGroupRows, kPvRows);
     const __m512 scale_v = _mm512_set1_ps(scale);
-    for (int64_t r = 0; r < padded_rows; ++r) {
+    for (int64_t r = 0; r < rows; ++r) {
       row_max[r] = -INFINITY;
-      row_pos[r] = r < rows ? first_pos + r / group : -1;
+      row_pos[r] = first_pos + r / group;
       _mm512_storeu_ps(row_sum.data() + r * kKeys, _mm512_setzero_ps());
       for (int u = 0; u < kAccVecs; ++u) _mm512_storeu_ps(acc.data() + r * D + u * 16, _mm512_setzero_ps());
       uint32_t* qp = q_pairs.data() + r * kPairs;
-      if (r >= rows) {  // padding rows: zero queries, finite scores, never stored
-        std::fill(qp, qp + kPairs, 0u);
-        continue;
-      }
       const float* src =
           query + (first_token + r / group) * query_stride + (item.kv_head * group + r % group) * D;
       for (int c = 0; c < kChunks; ++c) {
@@ -141,38 +138,46 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
         float* kt = reinterpret_cast<float*>(keys_t.data()) + c * 16 * kKeys;
         for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + j * kKeys, r[j]);
       }
-      // Values of keys (2i, 2i + 1) interleaved per lane; a missing odd key is zeros.
+      // Values of keys (2i, 2i + 1) interleaved per lane (chunk c: unpacklo, then unpackhi); a missing odd key
+      // is zeros. An item of one pass of rows (a decode's group of heads) unpacks them where it multiplies;
+      // more rows read them from value_pairs, unpacked once per tile.
       const int64_t num_pairs = (num_keys + 1) / 2;
-      for (int64_t i = 0; i < num_pairs; ++i) {
+      auto unpack_values = [&](int64_t i, __m512i* v) {
         for (int c = 0; c < kChunks; ++c) {
           const __m512i a = _mm512_loadu_si512(value_rows[2 * i] + c * 32);
           const __m512i b =
               2 * i + 1 < num_keys ? _mm512_loadu_si512(value_rows[2 * i + 1] + c * 32) : _mm512_setzero_si512();
-          uint32_t* dst = value_pairs.data() + (i * kAccVecs + 2 * c) * 16;
-          _mm512_storeu_si512(dst, _mm512_unpacklo_epi16(a, b));
-          _mm512_storeu_si512(dst + 16, _mm512_unpackhi_epi16(a, b));
+          v[2 * c] = _mm512_unpacklo_epi16(a, b);
+          v[2 * c + 1] = _mm512_unpackhi_epi16(a, b);
         }
-      }
+      };
+      if (!one_pass)
+        for (int64_t i = 0; i < num_pairs; ++i) {
+          __m512i v[kAccVecs];
+          unpack_values(i, v);
+          for (int u = 0; u < kAccVecs; ++u) _mm512_storeu_si512(value_pairs.data() + (i * kAccVecs + u) * 16, v[u]);
+        }
 
-      for (int64_t r0 = 0; r0 < padded_rows; r0 += kGroupRows) {
-        const int64_t group_last = *std::max_element(row_pos.begin() + r0, row_pos.begin() + r0 + kGroupRows);
-        if (group_last < key0) continue;  // every row of the group is before this key tile
+      // R rows from r0 (R <= kGroupRows, known when compiled: no padding rows are multiplied).
+      auto rows_tile = [&](auto rows_c, int64_t r0) {
+        constexpr int R = decltype(rows_c)::value;
+        if (row_pos[r0 + R - 1] < key0) return;  // positions ascend: every row is before this key tile
         // Scores: two chains per row (even and odd pairs) keep the dot unit busy.
-        __m512 s[kGroupRows][2];
-        for (int rr = 0; rr < kGroupRows; ++rr) s[rr][0] = s[rr][1] = _mm512_setzero_ps();
+        __m512 s[R][2];
+        for (int rr = 0; rr < R; ++rr) s[rr][0] = s[rr][1] = _mm512_setzero_ps();
 #pragma GCC unroll 4
         for (int j = 0; j < kPairs; j += 2) {
           const __m512i k0 = _mm512_loadu_si512(keys_t.data() + j * kKeys);
           const __m512i k1 = _mm512_loadu_si512(keys_t.data() + (j + 1) * kKeys);
 #pragma GCC unroll 4
-          for (int rr = 0; rr < kGroupRows; ++rr) {
+          for (int rr = 0; rr < R; ++rr) {
             const uint32_t* qp = q_pairs.data() + (r0 + rr) * kPairs + j;
             s[rr][0] = dot_bcast(s[rr][0], k0, qp);
             s[rr][1] = dot_bcast(s[rr][1], k1, qp + 1);
           }
         }
-        float alpha[kGroupRows];
-        for (int rr = 0; rr < kGroupRows; ++rr) {
+        float alpha[R];
+        for (int rr = 0; rr < R; ++rr) {
           const int64_t r = r0 + rr;
           uint16_t* pb = probs_bf.data() + r * kKeys;
           const int64_t valid = std::min(num_keys, row_pos[r] - key0 + 1);  // causal: keys <= position
@@ -197,26 +202,47 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
           float* sum = row_sum.data() + r * kKeys;
           _mm512_storeu_ps(sum, _mm512_fmadd_ps(_mm512_loadu_ps(sum), _mm512_set1_ps(alpha[rr]), rounded));
         }
-        for (int rp = 0; rp < kGroupRows; rp += kPvRows) {
-          __m512 a[kPvRows][kAccVecs];
-          for (int rr = 0; rr < kPvRows; ++rr) {
+        // P @ V for P rows from r0 + rp.
+        auto pv = [&](auto count_c, int rp) {
+          constexpr int P = decltype(count_c)::value;
+          __m512 a[P][kAccVecs];
+          for (int rr = 0; rr < P; ++rr) {
             const __m512 al = _mm512_set1_ps(alpha[rp + rr]);
             for (int u = 0; u < kAccVecs; ++u)
               a[rr][u] = _mm512_mul_ps(_mm512_loadu_ps(acc.data() + (r0 + rp + rr) * D + u * 16), al);
           }
           for (int64_t i = 0; i < num_pairs; ++i) {
             __m512i v[kAccVecs];
+            if (one_pass) {
+              unpack_values(i, v);
+            } else {
 #pragma GCC unroll 8
-            for (int u = 0; u < kAccVecs; ++u) v[u] = _mm512_loadu_si512(value_pairs.data() + (i * kAccVecs + u) * 16);
+              for (int u = 0; u < kAccVecs; ++u)
+                v[u] = _mm512_loadu_si512(value_pairs.data() + (i * kAccVecs + u) * 16);
+            }
 #pragma GCC unroll 4
-            for (int rr = 0; rr < kPvRows; ++rr) {
+            for (int rr = 0; rr < P; ++rr) {
               const uint32_t* pp = reinterpret_cast<const uint32_t*>(probs_bf.data() + (r0 + rp + rr) * kKeys) + i;
 #pragma GCC unroll 8
               for (int u = 0; u < kAccVecs; ++u) a[rr][u] = dot_bcast(a[rr][u], v[u], pp);
             }
           }
-          for (int rr = 0; rr < kPvRows; ++rr)
+          for (int rr = 0; rr < P; ++rr)
             for (int u = 0; u < kAccVecs; ++u) _mm512_storeu_ps(acc.data() + (r0 + rp + rr) * D + u * 16, a[rr][u]);
+        };
+        if constexpr (R <= kPvRows) {
+          pv(std::integral_constant<int, R>{}, 0);
+        } else {
+          pv(std::integral_constant<int, kPvRows>{}, 0);
+          pv(std::integral_constant<int, R - kPvRows>{}, kPvRows);
+        }
+      };
+      for (int64_t r0 = 0; r0 < rows; r0 += kGroupRows) {
+        switch (std::min(kGroupRows, rows - r0)) {
+          case 1: rows_tile(std::integral_constant<int, 1>{}, r0); break;
+          case 2: rows_tile(std::integral_constant<int, 2>{}, r0); break;
+          case 3: rows_tile(std::integral_constant<int, 3>{}, r0); break;
+          default: rows_tile(std::integral_constant<int, 4>{}, r0); break;
         }
       }
     }
