@@ -44,6 +44,26 @@ inline __m512 dot_bcast(__m512 acc, __m512i w, const uint32_t* x) {
   return _mm512_dpbf16_ps(acc, (__m512bh)w, (__m512bh)_mm512_set1_epi32(static_cast<int>(*x)));
 }
 
+// fastdeploy_cpu::exp_approx on 16 lanes (the same polynomial and clamping) in registers: the scalar
+// loop over a stored row, vectorized by the compiler, cost a store, a reload and mask handling per row.
+inline __m512 exp_approx16(__m512 x) {
+  const __m512 clamped = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  // Below -87 (masked scores included) exactly 0, as exp_approx.
+  return _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_NLT_UQ), p, _mm512_castsi512_ps(bits));
+}
+
 // 16 fp32 -> 16 bf16 (round to nearest even) and the rounded values back in fp32.
 inline __m256i round_bf16(__m512 v, __m512* rounded) {
   const __m256i b = (__m256i)_mm512_cvtneps_pbh(v);
@@ -72,20 +92,20 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
   // One thread's buffers.
   struct Scratch {
     std::vector<uint32_t> q_pairs, keys_t, value_pairs;
-    std::vector<float> acc, row_max, row_sum, probs;
+    std::vector<float> acc, row_max, row_sum;
     std::vector<uint16_t> probs_bf;
     std::vector<int64_t> row_pos;
   };
   auto make_scratch = [&] {
     return Scratch{std::vector<uint32_t>(max_rows * kPairs), std::vector<uint32_t>(kPairs * kKeys),
                    std::vector<uint32_t>(kKeys / 2 * kAccVecs * 16), std::vector<float>(max_rows * D),
-                   std::vector<float>(max_rows), std::vector<float>(max_rows * kKeys), std::vector<float>(kKeys),
+                   std::vector<float>(max_rows), std::vector<float>(max_rows * kKeys),
                    std::vector<uint16_t>(max_rows * kKeys), std::vector<int64_t>(max_rows)};
   };
   auto attend = [&](Scratch& sc, const fastdeploy_cpu::AttentionWorkItem& item,
                     const fastdeploy_cpu::AttentionItemRows& at) {
     auto &q_pairs = sc.q_pairs, &keys_t = sc.keys_t, &value_pairs = sc.value_pairs;
-    auto &acc = sc.acc, &row_max = sc.row_max, &row_sum = sc.row_sum, &probs = sc.probs;
+    auto &acc = sc.acc, &row_max = sc.row_max, &row_sum = sc.row_sum;
     auto& probs_bf = sc.probs_bf;
     auto& row_pos = sc.row_pos;
     const int64_t rows = at.rows, first_token = at.first_token, first_pos = at.first_pos, last_pos = at.last_pos;
@@ -188,16 +208,17 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
           }
           const __m512 sc = _mm512_add_ps(s[rr][0], s[rr][1]);
           const __mmask16 keep = valid >= 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1u);
-          const float new_max =
-              std::max(row_max[r], _mm512_reduce_max_ps(_mm512_mask_blend_ps(keep, _mm512_set1_ps(-INFINITY), sc)));
-          alpha[rr] = fastdeploy_cpu::exp_approx(row_max[r] - new_max);
-          row_max[r] = new_max;
-          float* p = probs.data();
-          _mm512_storeu_ps(p, sc);
-#pragma omp simd
-          for (int64_t k = 0; k < kKeys; ++k) p[k] = k < valid ? fastdeploy_cpu::exp_approx(p[k] - new_max) : 0.0f;
+          const float tile_max = _mm512_reduce_max_ps(_mm512_mask_blend_ps(keep, _mm512_set1_ps(-INFINITY), sc));
+          // Most tiles after the first few do not raise the running max: alpha is then exactly 1 (as
+          // exp_approx(0) is) and the scalar exp is skipped.
+          alpha[rr] = 1.0f;
+          if (tile_max > row_max[r]) {
+            alpha[rr] = fastdeploy_cpu::exp_approx(row_max[r] - tile_max);
+            row_max[r] = tile_max;
+          }
+          const __m512 p = _mm512_maskz_mov_ps(keep, exp_approx16(_mm512_sub_ps(sc, _mm512_set1_ps(row_max[r]))));
           __m512 rounded;
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb), round_bf16(_mm512_loadu_ps(p), &rounded));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb), round_bf16(p, &rounded));
           // Lane-wise running sums, reduced once per row at the end.
           float* sum = row_sum.data() + r * kKeys;
           _mm512_storeu_ps(sum, _mm512_fmadd_ps(_mm512_loadu_ps(sum), _mm512_set1_ps(alpha[rr]), rounded));
