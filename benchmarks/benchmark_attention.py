@@ -4,7 +4,9 @@ Every path this CPU runs (``avx512-bf16``: bf16 dot products; the build's fp32 p
 turns call by call on the same batch, so load from other work hits them alike; medians of
 ``--reps`` rounds. The batches are decodes over a cached context and one fresh prefill, in
 random blocks of the cache, at the default model's heads (9 query / 3 KV heads of 64); the
-JSON also records how far each path's output is from the fp32 path's.
+JSON also records how far each path's output is from the fp32 path's. A decode is timed twice:
+on one cache, which then sits in the CPU's caches, and ``_streamed`` over ``--layers`` caches in
+turn, which come from memory as a model step's do.
 
     python benchmarks/benchmark_attention.py --out benchmarks/results/attention_avx512bf16.json
 """
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--layers", type=int, default=30, help="caches a streamed decode cycles through")
     parser.add_argument("--out", help="JSON file for the results")
     args = parser.parse_args()
 
@@ -51,14 +54,20 @@ def main() -> None:
         blocks = -(-(cached + new) // bs)
         num_blocks = seqs * blocks + 8
         table = rng.permutation(num_blocks)[: seqs * blocks].reshape(seqs, blocks).astype(np.int64)
-        caches = [paddle.to_tensor(rng.standard_normal((num_blocks, bs, kvh, d)).astype(np.float32)).astype("bfloat16")
-                  for _ in range(2)]
+        layers = args.layers if new == 1 else 1
+        caches = [[paddle.to_tensor(rng.standard_normal((num_blocks, bs, kvh, d)).astype(np.float32)).astype("bfloat16")
+                   for _ in range(2)] for _ in range(layers)]
         md, _ = build_attention_metadata(table, np.full(seqs, new, np.int64), seq_lens, bs)
         query = paddle.to_tensor(rng.standard_normal((seqs * new, (h + 2 * kvh) * d)).astype(np.float32))
 
-        def call(isa: int, query=query, caches=caches, md=md) -> paddle.Tensor:
-            return ops.paged_attention(query, caches[0], caches[1], md.block_tables, md.query_start_loc, md.seq_lens,
+        def call(isa: int, layer: int = 0, query=query, caches=caches, md=md) -> paddle.Tensor:
+            key, value = caches[layer]
+            return ops.paged_attention(query, key, value, md.block_tables, md.query_start_loc, md.seq_lens,
                                        h, d**-0.5, isa)
+
+        def streamed(isa: int, layers=layers) -> None:
+            for layer in range(layers):
+                call(isa, layer)
 
         outputs = {path: call(isa).numpy() for path, isa in paths.items()}
         med = interleaved_medians({path: lambda isa=isa: call(isa) for path, isa in paths.items()}, args.reps)
@@ -67,9 +76,17 @@ def main() -> None:
             f"{path}_speedup": round(med[fp32_path] / v, 2) for path, v in med.items() if path != fp32_path} | {
             f"{path}_max_rel_diff": float(f"{np.abs(outputs[path] - ref).max() / np.abs(ref).max():.2e}")
             for path in paths if path != fp32_path}
-        print(f"{name}: " + ", ".join(f"{p} {v:.0f} us" for p, v in med.items()), flush=True)
+        line = ", ".join(f"{p} {v:.0f} us" for p, v in med.items())
+        if layers > 1:
+            per_layer = {path: v / layers for path, v in interleaved_medians(
+                {path: lambda isa=isa: streamed(isa) for path, isa in paths.items()}, max(3, args.reps // 4)).items()}
+            cache_bytes = seqs * (cached + new) * kvh * d * 2 * 2  # keys and values read, bf16
+            rows[name] |= {f"{path}_streamed_us": round(v, 1) for path, v in per_layer.items()} | {
+                f"{path}_streamed_gb_per_s": round(cache_bytes / v / 1e3, 1) for path, v in per_layer.items()}
+            line += "; streamed over " + f"{layers} caches: " + ", ".join(f"{p} {v:.0f} us" for p, v in per_layer.items())
+        print(f"{name}: {line}", flush=True)
     write_result(args.out, {"heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs, "threads": args.threads,
-                            "reps": args.reps, "fp32_path": fp32_path, "rows": rows})
+                            "reps": args.reps, "layers": args.layers, "fp32_path": fp32_path, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -36,6 +36,12 @@ namespace attn_bf16 {
 
 constexpr int64_t kKeys = 16;      // keys per tile: one register of fp32 scores
 constexpr int64_t kGroupRows = 4;  // most query rows sharing each key-pair load
+// A tile of a decode takes ~0.15 us, about one memory latency: fetching one tile ahead left it
+// waiting. Two tiles ahead ran 16 decodes over 1,000 tokens 9% faster (over 330: 2-4%) with the
+// caches of 30 layers streamed from memory; three were slower again (each item's first tiles go
+// unfetched).
+constexpr int64_t kPrefetchTiles = 2;
+constexpr int64_t kPrefetchKeys = kPrefetchTiles * kKeys;
 
 // acc + w . x (bf16 pairs per lane) with x's one pair in every lane (GCC folds the broadcast into
 // the instruction's memory operand). A value, not an asm on a reference: accumulators held in
@@ -132,9 +138,10 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
       const int64_t num_keys = std::min(kKeys, last_pos + 1 - key0);
       const uint16_t* key_rows[kKeys];
       const uint16_t* value_rows[kKeys];
-      // Slot cursors for this tile and (to prefetch, its rows sit in other, random blocks) the next.
-      fastdeploy_cpu::SlotCursor here(table, block_size, key0), ahead(table, block_size, key0 + kKeys);
-      const int64_t num_ahead = std::min(kKeys, last_pos + 1 - (key0 + kKeys));
+      // Slot cursors for this tile and (to prefetch, its rows sit in other, random blocks) the one
+      // kPrefetchTiles on.
+      fastdeploy_cpu::SlotCursor here(table, block_size, key0), ahead(table, block_size, key0 + kPrefetchKeys);
+      const int64_t num_ahead = std::min(kKeys, last_pos + 1 - (key0 + kPrefetchKeys));
       for (int64_t k = 0; k < num_keys; ++k, here.next()) {
         const int64_t offset = (here.slot() * num_kv_heads + item.kv_head) * D;
         key_rows[k] = key_cache + offset;

@@ -45,9 +45,9 @@ inline typename Ops::F load_scale(const uint8_t* sub, int which, int h) {
 // the thread count. Columns from `ncols` on are padding and are not stored.
 // How far ahead of the sub-block being multiplied its weights' lines are asked for, when they do.
 constexpr int64_t kPrefetchBytes = 8192;
-// Batches of 2 .. kPrefetchMaxRows rows prefetch their weights (see tile). One row streams fast
-// enough that the hardware prefetcher keeps up (asking more only costs instructions); larger
-// batches spend their time on rows of weights already in L1.
+// Batches of up to kPrefetchMaxRows rows prefetch their weights (see tile); one row included: from
+// memory it streamed 13% (VNNI) to 21% (AVX2) faster with them (30 layers of Q4_1 weights, AVX512
+// EPYC). Larger batches spend their time on rows of weights already in L1.
 constexpr int64_t kPrefetchMaxRows = 32;
 
 template <class B, int R>
@@ -137,7 +137,7 @@ void tiles(const QuantizedActs& a, int64_t m, int64_t k, const uint8_t* w, int64
     for (int64_t r = 0; r < m; r += Ops::kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(Ops::kRows, m - r));
       // Only the first row tile reads the chunk from memory; the others find it in L1.
-      const bool prefetch = r == 0 && m > 1 && m <= kPrefetchMaxRows;
+      const bool prefetch = r == 0 && m <= kPrefetchMaxRows;
       for (int64_t t = tc; t < tce; ++t) {
         for (int h = 0; h < kTileCols / Ops::kLanes; ++h) {
           const int64_t c0 = t * kTileCols + h * Ops::kLanes;
