@@ -6,7 +6,8 @@ turns call by call on the same batch, so load from other work hits them alike; m
 random blocks of the cache, at the default model's heads (9 query / 3 KV heads of 64); the
 JSON also records how far each path's output is from the fp32 path's. A decode is timed twice:
 on one cache, which then sits in the CPU's caches, and ``_streamed`` over ``--layers`` caches in
-turn, which come from memory as a model step's do.
+turn, as a model step reads them (for 16 sequences they exceed a 32 MB L3 and come from memory;
+one sequence's stay in L3).
 
     python benchmarks/benchmark_attention.py --out benchmarks/results/attention_avx512bf16.json
 """

@@ -36,27 +36,34 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? (u >> 16) | 0x40u : rounded);
 }
 
+// The constants of exp_approx, shared with the kernels that evaluate it on whole registers
+// (attention_bf16.cc's exp_approx16), so both give the same values.
+namespace exp_coeffs {
+constexpr float kLow = -87.0f, kHigh = 88.0f;  // below kLow: exactly 0
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;  // ln 2 in two parts
+constexpr float kPoly[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace exp_coeffs
+
 // exp(x) with ~1 ulp error (Cephes polynomial), branch-free so loops over it vectorize.
 // Inputs below -87 (including -inf, used for masked scores) return exactly 0.
 inline float exp_approx(float x) {
+  using namespace exp_coeffs;
   // Comparisons rather than std::fmin/fmax, and nearbyint rather than floor(x + 0.5): GCC
   // vectorizes neither of those (each became a libm call per element).
-  const float low = x > -87.0f ? x : -87.0f;
-  const float clamped = low < 88.0f ? low : 88.0f;
-  const float n = std::nearbyint(clamped * 1.44269504088896341f);
-  float r = clamped - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  const float low = x > kLow ? x : kLow;
+  const float clamped = low < kHigh ? low : kHigh;
+  const float n = std::nearbyint(clamped * kLog2e);
+  float r = clamped - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float p = kPoly[0];
+  for (int i = 1; i < 6; ++i) p = p * r + kPoly[i];
   p = p * r * r + r + 1.0f;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return x < -87.0f ? 0.0f : p * scale;
+  return x < kLow ? 0.0f : p * scale;
 }
 
 // Load n values of a float or bf16 row into fp32.
