@@ -21,7 +21,9 @@ The first three dequantize the GGUF at load (``--quantization none``).
 
 ``NAME@PATH`` (``wint8``, ``wint4``, ``fp8``) builds that format on another kernel path than the platform's
 (FD_CPU_INT_KERNEL's names, e.g. ``wint8@avx512-bf16`` beside ``wint8`` on an AMX CPU), so two paths take turns
-in one process.
+in one process. ``NAME/per-layer`` runs a configuration with one ``fd_decoder_layers`` call per layer instead
+of one for the whole model (how the fused layers ran before they took runs), e.g. ``gguf gguf/per-layer``
+measures what the custom-op dispatch costs per layer.
 
 Figures (medians): decode step at batch 1 and 16, each sequence with ``--context`` tokens of
 context, and the prefill of one ``--prefill-len``-token prompt; one process per thread count.
@@ -92,6 +94,7 @@ class Setup:
         from fastdeploy.worker.worker import Worker
 
         self.name = name
+        name, per_layer = _split_per_layer(name)
         base, _, path = name.partition("@")
         model = {"model": hf_model()} if base in HF_CONFIGS else {}
         if name == "paddle-fp32":
@@ -109,6 +112,11 @@ class Setup:
             self.num_blocks = self.worker.determine_num_available_blocks()
             self.worker.initialize_cache(self.num_blocks)
             self.runner = self.worker.model_runner
+            if per_layer:
+                from fastdeploy.model_executor.models.fused_layers import plan_runs
+
+                decoder = self.runner.model.model
+                decoder._plan = plan_runs([layer._fused_args for layer in decoder.layers], max_layers=1)
             self.rng = np.random.default_rng(0)
             self.greedy = SamplingParams(temperature=0.0, max_tokens=1 << 20, ignore_eos=True)
             self.counter = 0
@@ -153,12 +161,22 @@ class Setup:
         return self.run(SchedulerOutput([], cached, n, len(self.live)))
 
 
+def _split_per_layer(name: str) -> tuple[str, bool]:
+    """``NAME/per-layer`` -> (NAME, True)."""
+    base = name.removesuffix("/per-layer")
+    return base, base != name
+
+
+def _base_config(name: str) -> str:
+    return _split_per_layer(name)[0].partition("@")[0]
+
+
 def measure(configs: list[str], context: int, prefill_len: int, steps: int) -> dict:
     """Child process (one thread count): interleaved step times of every configuration."""
     import resource
 
     load_before = os.getloadavg()
-    setups = [Setup(name, *CONFIGS[name.partition("@")[0]]) for name in configs]
+    setups = [Setup(name, *CONFIGS[_base_config(name)]) for name in configs]
     times: dict[str, dict[str, list[float]]] = {s.name: {} for s in setups}
     for _ in range(max(3, steps // 4)):
         for s in setups:
@@ -539,7 +557,7 @@ def measure_rss(name: str) -> dict:
     """Child process: peak RSS (MB) of one configuration's worker, model and KV cache, built alone."""
     import resource
 
-    Setup(name, *CONFIGS[name.partition("@")[0]])
+    Setup(name, *CONFIGS[_base_config(name)])
     return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
 
@@ -556,10 +574,10 @@ def run_child(threads: int, args: argparse.Namespace, *extra: str) -> dict:
 
 
 def _config_name(name: str) -> str:
-    base, _, path = name.partition("@")
+    base, _, path = _split_per_layer(name)[0].partition("@")
     if base not in CONFIGS or (path and base not in ("wint8", "wint4", "fp8")):
         raise argparse.ArgumentTypeError(f"{name!r}: a configuration is one of {', '.join(CONFIGS)}, and only "
-                                         "wint8 / wint4 / fp8 take @PATH")
+                                         "wint8 / wint4 / fp8 take @PATH; any may end in /per-layer")
     return name
 
 

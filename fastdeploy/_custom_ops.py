@@ -147,13 +147,15 @@ def paged_attention(
     )[0]
 
 
-def decoder_layer(hidden: paddle.Tensor, residual: paddle.Tensor, *args: object) -> tuple[paddle.Tensor, paddle.Tensor]:
-    """One fused Llama-style decoder layer, in place on ``hidden`` and ``residual`` (and the KV caches).
+def decoder_layers(hidden: paddle.Tensor, residual: paddle.Tensor, *args: object
+                   ) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """Consecutive fused Llama-style decoder layers, in place on ``hidden`` and ``residual`` (and the KV caches).
 
-    ``args`` follow the op's inputs and attributes after those two (see csrc/cpu/decoder_layer.cc);
-    :meth:`fastdeploy.model_executor.models.llama.LlamaDecoderLayer.forward` assembles them.
+    ``args`` follow the op's inputs and attributes after those two, a list per per-layer input
+    (see csrc/cpu/decoder_layer.cc); :class:`fastdeploy.model_executor.models.fused_layers.FusedLayerRun`
+    assembles them.
     """
-    _run("fd_decoder_layer", hidden, residual, *args)
+    _run("fd_decoder_layers", hidden, residual, *args)
     return hidden, residual
 
 

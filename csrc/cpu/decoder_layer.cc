@@ -1,10 +1,12 @@
-// One whole Llama-style decoder layer in one op: the per-layer sequence of kernels without
-// nine trips through Paddle's custom-op dispatch.
+// Consecutive Llama-style decoder layers in one op: the per-layer sequence of kernels without
+// nine trips per layer through Paddle's custom-op dispatch, and without one trip per layer.
 //
-// Paddle's eager runner costs ~10-20 us per custom-op call (it copies its op registry and
-// parses attribute strings on every call), which at nine ops x 30 layers is several ms of
-// a ~25 ms decode step. This op runs the same kernels, in the same order and with the
-// same arithmetic as the separate ops, on per-thread scratch buffers:
+// Paddle's eager runner costs ~8 us per custom-op call plus ~0.4 us per argument (it copies
+// its op registry and parses attribute strings on every call): nine ops x 30 layers were
+// several ms of a ~25 ms decode step, and one op per layer still 15 us x 30 (~9% of a 5 ms
+// GGUF step at batch 1). This op runs a run of layers with the same kernels, in the same
+// order and with the same arithmetic as the separate ops, on per-thread scratch buffers;
+// each layer is
 //
 //   residual += hidden; hidden = rms_norm(residual)           (input_layernorm)
 //   qkv = hidden @ Wqkv (+b); q/k norm + RoPE; K/V -> cache     (fd_rope_and_cache)
@@ -13,13 +15,16 @@
 //   residual += hidden; hidden = rms_norm(residual)           (post_attention_layernorm)
 //   hidden = silu_and_mul(hidden @ Wgate_up (+b)) @ Wdown (+b)
 //
-// hidden and residual are updated in place (the first layer passes a zero residual, which
-// makes the first add exact), so a layer allocates nothing.
+// hidden and residual are updated in place (the first layer of a model passes a zero
+// residual, which makes the first add exact), so a layer allocates nothing. Every per-layer
+// input is a list with one entry per layer of the run; the layers share their shapes,
+// settings and rope table.
 //
 // The four matmul weights are packed for the linear kernel (dtype "bfloat16" / "float32"), GGUF
 // blocks packed by fd_gguf_pack (dtype "gguf": each weight's (type, rows) segments, the block
 // kernels' path), or integer weights in one buffer each (dtype "int": segments (bits, group,
-// int_gemm.cc's path); wint8 / wint4 / AWQ / GPTQ).
+// int_gemm.cc's path); wint8 / wint4 / AWQ / GPTQ). `segments` holds, per layer and for qkv,
+// o, gate_up and down in turn, the count of a weight's segment values and then the values.
 #include <vector>
 
 #include "cpu_utils.h"
@@ -27,8 +32,8 @@
 
 namespace {
 
-const float* optional_data(const paddle::optional<paddle::Tensor>& t) {
-  return t.is_initialized() ? t->data<float>() : nullptr;
+const float* optional_data(const paddle::optional<std::vector<paddle::Tensor>>& list, size_t i) {
+  return list.is_initialized() ? list->at(i).data<float>() : nullptr;
 }
 
 float* scratch(std::vector<float>& buffer, int64_t size) {
@@ -36,80 +41,126 @@ float* scratch(std::vector<float>& buffer, int64_t size) {
   return buffer.data();
 }
 
-// One of the layer's matmul weights: packed for the linear kernel, or GGUF blocks with their segments.
+// One of a layer's matmul weights: packed for the linear kernel, GGUF blocks or integer weights,
+// with its segment values.
 struct Matmul {
   const paddle::Tensor& weight;
-  const paddle::optional<paddle::Tensor>& bias;
-  const std::vector<int64_t>& segments;
+  const float* bias;
+  const int64_t* segments;
+  int64_t num_segments;
 
   bool fits(int64_t k, int64_t n, const std::string& dtype) const {
     if (dtype == "int") {
-      if (segments.size() != 3) return false;
+      if (num_segments != 3) return false;
       const int64_t bytes = fastdeploy_cpu::int_linear_bytes(static_cast<int>(segments[0]), k, n, segments[1]);
       return bytes > 0 && weight.numel() == bytes;
     }
     if (dtype != "gguf") return fastdeploy_cpu::linear_packed_size_ok(weight.numel(), k, n, dtype == "bfloat16");
     int64_t rows = 0, bytes = 0;
-    for (size_t s = 0; s + 1 < segments.size(); s += 2) {
+    for (int64_t s = 0; s + 1 < num_segments; s += 2) {
       const int64_t packed = fastdeploy_cpu::gguf_packed_bytes(static_cast<int>(segments[s]), segments[s + 1], k);
       if (packed <= 0) return false;
       rows += segments[s + 1];
       bytes += packed;
     }
-    return !segments.empty() && segments.size() % 2 == 0 && rows == n && bytes == weight.numel();
+    return num_segments > 0 && num_segments % 2 == 0 && rows == n && bytes == weight.numel();
   }
 
   void run(const float* x, int64_t m, int64_t k, int64_t n, const std::string& dtype, int gguf_isa, float* out) const {
-    const float* b = optional_data(bias);
     if (dtype == "int") {
       const int bits = static_cast<int>(segments[0]);
       const auto parts = fastdeploy_cpu::int_linear_parts(weight.data<uint8_t>(), bits, k, n, segments[1]);
-      fastdeploy_cpu::int_gemm(x, m, k, parts.w, bits, segments[1], parts.scales, parts.mins, b, n,
+      fastdeploy_cpu::int_gemm(x, m, k, parts.w, bits, segments[1], parts.scales, parts.mins, bias, n,
                                static_cast<int>(segments[2]), out);
     } else if (dtype == "gguf") {
-      fastdeploy_cpu::gguf_gemm(x, m, k, weight.data<uint8_t>(), segments.data(),
-                                static_cast<int64_t>(segments.size() / 2), b, n, gguf_isa, out);
+      fastdeploy_cpu::gguf_gemm(x, m, k, weight.data<uint8_t>(), segments, num_segments / 2, bias, n, gguf_isa, out);
     } else {
-      fastdeploy_cpu::linear_forward(x, m, k, weight.data(), b, n, dtype == "bfloat16", out);
+      fastdeploy_cpu::linear_forward(x, m, k, weight.data(), bias, n, dtype == "bfloat16", out);
     }
   }
 };
 
+// Reads each layer's four weights' segment values off the flattened `segments` attribute.
+class SegmentReader {
+ public:
+  explicit SegmentReader(const std::vector<int64_t>& values) : values_(values) {}
+
+  Matmul next(const paddle::Tensor& weight, const float* bias) {
+    PD_CHECK(pos_ < values_.size() && values_[pos_] >= 0 &&
+                 pos_ + 1 + static_cast<size_t>(values_[pos_]) <= values_.size(),
+             "decoder_layers: segments hold fewer weights than the layers have.");
+    const int64_t count = values_[pos_];
+    const Matmul m{weight, bias, values_.data() + pos_ + 1, count};
+    pos_ += 1 + count;
+    return m;
+  }
+
+  bool done() const { return pos_ == values_.size(); }
+
+ private:
+  const std::vector<int64_t>& values_;
+  size_t pos_ = 0;
+};
+
 }  // namespace
 
-void DecoderLayer(paddle::Tensor& hidden, paddle::Tensor& residual, const paddle::Tensor& input_norm_weight,
-                  const paddle::Tensor& qkv_packed, const paddle::optional<paddle::Tensor>& qkv_bias,
-                  const paddle::optional<paddle::Tensor>& qk_norm_weight, const paddle::Tensor& cos_sin_cache,
-                  const paddle::Tensor& positions, paddle::Tensor& key_cache, paddle::Tensor& value_cache,
-                  const paddle::Tensor& slot_mapping, const paddle::Tensor& block_tables,
-                  const paddle::Tensor& query_start_loc, const paddle::Tensor& seq_lens,
-                  const paddle::Tensor& o_packed, const paddle::optional<paddle::Tensor>& o_bias,
-                  const paddle::Tensor& post_norm_weight, const paddle::Tensor& gate_up_packed,
-                  const paddle::optional<paddle::Tensor>& gate_up_bias, const paddle::Tensor& down_packed,
-                  const paddle::optional<paddle::Tensor>& down_bias, int num_heads, int64_t intermediate_size,
-                  float eps, float qk_eps, bool is_neox, float scale, const std::string& dtype,
-                  const std::vector<int64_t>& qkv_segments, const std::vector<int64_t>& o_segments,
-                  const std::vector<int64_t>& gate_up_segments, const std::vector<int64_t>& down_segments,
-                  int gguf_isa, int attn_isa) {
+void DecoderLayers(paddle::Tensor& hidden, paddle::Tensor& residual, const std::vector<paddle::Tensor>& input_norm_weights,
+                   const std::vector<paddle::Tensor>& qkv_packed,
+                   const paddle::optional<std::vector<paddle::Tensor>>& qkv_biases,
+                   const paddle::optional<std::vector<paddle::Tensor>>& qk_norm_weights,
+                   const paddle::Tensor& cos_sin_cache, const paddle::Tensor& positions,
+                   std::vector<paddle::Tensor>& key_caches, std::vector<paddle::Tensor>& value_caches,
+                   const paddle::Tensor& slot_mapping, const paddle::Tensor& block_tables,
+                   const paddle::Tensor& query_start_loc, const paddle::Tensor& seq_lens,
+                   const std::vector<paddle::Tensor>& o_packed, const paddle::optional<std::vector<paddle::Tensor>>& o_biases,
+                   const std::vector<paddle::Tensor>& post_norm_weights, const std::vector<paddle::Tensor>& gate_up_packed,
+                   const paddle::optional<std::vector<paddle::Tensor>>& gate_up_biases,
+                   const std::vector<paddle::Tensor>& down_packed,
+                   const paddle::optional<std::vector<paddle::Tensor>>& down_biases, int num_heads,
+                   int64_t intermediate_size, float eps, float qk_eps, bool is_neox, float scale,
+                   const std::string& dtype, const std::vector<int64_t>& segments, int gguf_isa, int attn_isa) {
   using fastdeploy_cpu::check_cpu_contiguous;
   check_cpu_contiguous(hidden, "hidden");
   check_cpu_contiguous(residual, "residual");
   fastdeploy_cpu::check_dtype(hidden, paddle::DataType::FLOAT32, "hidden");
-  PD_CHECK(residual.numel() == hidden.numel(), "decoder_layer: hidden and residual differ in size.");
-  PD_CHECK(key_cache.shape().size() == 4, "decoder_layer: caches must be [num_blocks, block_size, KVH, D].");
-  const Matmul qkv_mm{qkv_packed, qkv_bias, qkv_segments}, o_mm{o_packed, o_bias, o_segments};
-  const Matmul gate_up_mm{gate_up_packed, gate_up_bias, gate_up_segments}, down_mm{down_packed, down_bias, down_segments};
+  PD_CHECK(residual.numel() == hidden.numel(), "decoder_layers: hidden and residual differ in size.");
+  const size_t layers = input_norm_weights.size();
+  const std::vector<paddle::Tensor>* per_layer[] = {&qkv_packed, &key_caches, &value_caches, &o_packed,
+                                                    &post_norm_weights, &gate_up_packed, &down_packed};
+  for (const auto* list : per_layer) {
+    PD_CHECK(list->size() == layers, "decoder_layers: every per-layer input needs one tensor per layer.");
+  }
+  for (const auto* list : {&qkv_biases, &qk_norm_weights, &o_biases, &gate_up_biases, &down_biases}) {
+    PD_CHECK(!list->is_initialized() || (*list)->size() == layers,
+             "decoder_layers: every per-layer input needs one tensor per layer.");
+  }
+  if (layers == 0) return;
+  PD_CHECK(key_caches[0].shape().size() == 4, "decoder_layers: caches must be [num_blocks, block_size, KVH, D].");
   const int64_t h = hidden.shape().back();
   const int64_t t = h ? hidden.numel() / h : 0;
-  const int64_t kvh = key_cache.shape()[2];
-  const int64_t d = key_cache.shape()[3];
+  const int64_t kvh = key_caches[0].shape()[2];
+  const int64_t d = key_caches[0].shape()[3];
   const int64_t q_width = num_heads * d;
   const int64_t qkv_width = (num_heads + 2 * kvh) * d;
   const int64_t inter = intermediate_size;
-  PD_CHECK(qkv_mm.fits(h, qkv_width, dtype) && o_mm.fits(q_width, h, dtype) &&
-               gate_up_mm.fits(h, 2 * inter, dtype) && down_mm.fits(inter, h, dtype),
-           "decoder_layer: a packed weight does not match the layer's shapes.");
-  PD_CHECK(positions.numel() == t && slot_mapping.numel() == t, "decoder_layer: one position and slot per token.");
+  PD_CHECK(positions.numel() == t && slot_mapping.numel() == t, "decoder_layers: one position and slot per token.");
+
+  std::vector<Matmul> matmuls;
+  matmuls.reserve(4 * layers);
+  SegmentReader reader(segments);
+  for (size_t l = 0; l < layers; ++l) {
+    PD_CHECK(key_caches[l].shape() == key_caches[0].shape() && value_caches[l].shape() == key_caches[0].shape(),
+             "decoder_layers: the layers' caches differ in shape.");
+    matmuls.push_back(reader.next(qkv_packed[l], optional_data(qkv_biases, l)));
+    matmuls.push_back(reader.next(o_packed[l], optional_data(o_biases, l)));
+    matmuls.push_back(reader.next(gate_up_packed[l], optional_data(gate_up_biases, l)));
+    matmuls.push_back(reader.next(down_packed[l], optional_data(down_biases, l)));
+    const Matmul* mm = matmuls.data() + 4 * l;
+    PD_CHECK(mm[0].fits(h, qkv_width, dtype) && mm[1].fits(q_width, h, dtype) && mm[2].fits(h, 2 * inter, dtype) &&
+                 mm[3].fits(inter, h, dtype),
+             "decoder_layers: a packed weight of layer " + std::to_string(l) + " does not match the layer's shapes.");
+  }
+  PD_CHECK(reader.done(), "decoder_layers: segments hold more weights than the layers have.");
   if (t == 0) return;
 
   thread_local std::vector<float> qkv_buf, attn_buf, gate_up_buf, act_buf;
@@ -119,35 +170,41 @@ void DecoderLayer(paddle::Tensor& hidden, paddle::Tensor& residual, const paddle
   float* attn = scratch(attn_buf, t * q_width);
   float* gate_up = scratch(gate_up_buf, t * 2 * inter);
   float* act = scratch(act_buf, t * inter);
+  const int64_t* pos = positions.data<int64_t>();
+  const int64_t* slots = slot_mapping.data<int64_t>();
 
-  fastdeploy_cpu::fused_add_rms_norm(x, res, input_norm_weight.data<float>(), eps, t, h);
-  qkv_mm.run(x, t, h, qkv_width, dtype, gguf_isa, qkv);
-  fastdeploy_cpu::rope_and_cache(qkv, positions.data<int64_t>(), cos_sin_cache.data<float>(), cos_sin_cache.shape()[0],
-                                 cos_sin_cache.shape()[1], key_cache, value_cache, slot_mapping.data<int64_t>(),
-                                 optional_data(qk_norm_weight), t, num_heads, is_neox, qk_eps);
-  fastdeploy_cpu::paged_attention(qkv, qkv_width, key_cache, value_cache, block_tables.data<int64_t>(),
-                                  block_tables.shape()[1], query_start_loc.data<int64_t>(), seq_lens.data<int64_t>(),
-                                  seq_lens.numel(), num_heads, scale, attn_isa, attn);
-  o_mm.run(attn, t, q_width, h, dtype, gguf_isa, x);
-  fastdeploy_cpu::fused_add_rms_norm(x, res, post_norm_weight.data<float>(), eps, t, h);
-  gate_up_mm.run(x, t, h, 2 * inter, dtype, gguf_isa, gate_up);
-  fastdeploy_cpu::silu_and_mul(gate_up, t, inter, act);
-  down_mm.run(act, t, inter, h, dtype, gguf_isa, x);
+  for (size_t l = 0; l < layers; ++l) {
+    const Matmul* mm = matmuls.data() + 4 * l;
+    fastdeploy_cpu::fused_add_rms_norm(x, res, input_norm_weights[l].data<float>(), eps, t, h);
+    mm[0].run(x, t, h, qkv_width, dtype, gguf_isa, qkv);
+    fastdeploy_cpu::rope_and_cache(qkv, pos, cos_sin_cache.data<float>(), cos_sin_cache.shape()[0],
+                                   cos_sin_cache.shape()[1], key_caches[l], value_caches[l], slots,
+                                   optional_data(qk_norm_weights, l), t, num_heads, is_neox, qk_eps);
+    fastdeploy_cpu::paged_attention(qkv, qkv_width, key_caches[l], value_caches[l], block_tables.data<int64_t>(),
+                                    block_tables.shape()[1], query_start_loc.data<int64_t>(),
+                                    seq_lens.data<int64_t>(), seq_lens.numel(), num_heads, scale, attn_isa, attn);
+    mm[1].run(attn, t, q_width, h, dtype, gguf_isa, x);
+    fastdeploy_cpu::fused_add_rms_norm(x, res, post_norm_weights[l].data<float>(), eps, t, h);
+    mm[2].run(x, t, h, 2 * inter, dtype, gguf_isa, gate_up);
+    fastdeploy_cpu::silu_and_mul(gate_up, t, inter, act);
+    mm[3].run(act, t, inter, h, dtype, gguf_isa, x);
+  }
 }
 
-PD_BUILD_OP(fd_decoder_layer)
-    .Inputs({"hidden", "residual", "input_norm_weight", "qkv_packed", paddle::Optional("qkv_bias"),
-             paddle::Optional("qk_norm_weight"), "cos_sin_cache", "positions", "key_cache", "value_cache",
-             "slot_mapping", "block_tables", "query_start_loc", "seq_lens", "o_packed", paddle::Optional("o_bias"),
-             "post_norm_weight", "gate_up_packed", paddle::Optional("gate_up_bias"), "down_packed",
-             paddle::Optional("down_bias")})
-    .Outputs({"hidden_out", "residual_out", "key_cache_out", "value_cache_out"})
+PD_BUILD_OP(fd_decoder_layers)
+    .Inputs({"hidden", "residual", paddle::Vec("input_norm_weights"), paddle::Vec("qkv_packed"),
+             paddle::Optional(paddle::Vec("qkv_biases")), paddle::Optional(paddle::Vec("qk_norm_weights")),
+             "cos_sin_cache", "positions", paddle::Vec("key_caches"), paddle::Vec("value_caches"), "slot_mapping",
+             "block_tables", "query_start_loc", "seq_lens", paddle::Vec("o_packed"),
+             paddle::Optional(paddle::Vec("o_biases")), paddle::Vec("post_norm_weights"),
+             paddle::Vec("gate_up_packed"), paddle::Optional(paddle::Vec("gate_up_biases")),
+             paddle::Vec("down_packed"), paddle::Optional(paddle::Vec("down_biases"))})
+    .Outputs({"hidden_out", "residual_out", paddle::Vec("key_caches_out"), paddle::Vec("value_caches_out")})
     .SetInplaceMap({{"hidden", "hidden_out"},
                     {"residual", "residual_out"},
-                    {"key_cache", "key_cache_out"},
-                    {"value_cache", "value_cache_out"}})
+                    {paddle::Vec("key_caches"), paddle::Vec("key_caches_out")},
+                    {paddle::Vec("value_caches"), paddle::Vec("value_caches_out")}})
     .Attrs({"num_heads: int", "intermediate_size: int64_t", "eps: float", "qk_eps: float", "is_neox: bool",
-            "scale: float", "dtype: std::string", "qkv_segments: std::vector<int64_t>",
-            "o_segments: std::vector<int64_t>", "gate_up_segments: std::vector<int64_t>",
-            "down_segments: std::vector<int64_t>", "gguf_isa: int", "attn_isa: int"})
-    .SetKernelFn(PD_KERNEL(DecoderLayer));
+            "scale: float", "dtype: std::string", "segments: std::vector<int64_t>", "gguf_isa: int",
+            "attn_isa: int"})
+    .SetKernelFn(PD_KERNEL(DecoderLayers));

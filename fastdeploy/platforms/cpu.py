@@ -294,7 +294,7 @@ class CpuPlatform(Platform):
                 attn_backend_cls=attn_backend_cls,
                 # Its expert weights are packed by fd_linear_pack: only with the linear kernel.
                 fused_moe="csrc" if {"fd_fused_moe", "fd_linear"} <= built else "paddle",
-                decoder_layer="fd_decoder_layer" in built,
+                decoder_layer="fd_decoder_layers" in built,
                 isa=cpu_isa() if built else "",
                 gguf=gguf_kernel_path() if {"fd_gguf_linear", "fd_gguf_embedding"} <= built else "paddle",
                 int_gemm=int_kernel_choice(built) if "fd_int_linear" in built else "paddle",

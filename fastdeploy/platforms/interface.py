@@ -44,7 +44,7 @@ class OpBackend:
     attn_backend_cls: str = PADDLE_ATTN_BACKEND
     # Mixture-of-experts layers: "csrc" (fd_fused_moe on packed expert weights) or "paddle" (a matmul per expert).
     fused_moe: str = "paddle"
-    # Whether a whole Llama-style decoder layer runs as one kernel (fd_decoder_layer) once its weights are packed.
+    # Whether whole Llama-style decoder layers run in one kernel (fd_decoder_layers) once their weights are packed.
     decoder_layer: bool = False
     # The instruction set the kernels were built for, for logs ("AVX512-BF16", "AVX2", ...).
     isa: str = ""

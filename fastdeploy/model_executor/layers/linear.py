@@ -47,7 +47,7 @@ PACKED_DTYPES = ("float32", "bfloat16")
 
 
 class KernelWeight(NamedTuple):
-    """A linear layer's weight as the fused decoder-layer kernel (``fd_decoder_layer``) takes it."""
+    """A linear layer's weight as the fused decoder-layer kernel (``fd_decoder_layers``) takes it."""
 
     weight: paddle.Tensor  # packed for the linear kernel, or GGUF blocks
     bias: paddle.Tensor | None

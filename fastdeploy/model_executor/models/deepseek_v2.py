@@ -213,6 +213,11 @@ class DeepseekV2Model(nn.Layer):
         ])
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype)
 
+    def process_weights_after_loading(self) -> None:
+        """Each layer's once-per-load work (MLA's absorbed weights) after the matmul weights are packed."""
+        for layer in self.layers:
+            layer.process_weights_after_loading()
+
     def forward(self, input_ids: paddle.Tensor, positions: paddle.Tensor, kv_caches: list[tuple[paddle.Tensor, ...]],
                 attn_metadata: AttentionMetadata) -> paddle.Tensor:
         hidden_states = self.embed_tokens(input_ids)

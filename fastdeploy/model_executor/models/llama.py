@@ -19,7 +19,6 @@ import numpy as np
 import paddle
 from paddle import nn
 
-from fastdeploy import _custom_ops as ops
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.custom_op import get_op_backend
 from fastdeploy.model_executor.layers.activation import SiluAndMul
@@ -36,6 +35,7 @@ from fastdeploy.model_executor.layers.logits_processor import LogitsProcessor
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
 from fastdeploy.model_executor.layers.rotary_embedding import RotaryEmbedding, get_rope
 from fastdeploy.model_executor.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
+from fastdeploy.model_executor.models.fused_layers import FusedLayerArgs, FusedLayerRun, plan_runs
 from fastdeploy.model_executor.utils import check_all_loaded, load_into, load_into_slice, new_parameter
 
 logger = init_logger(__name__)
@@ -183,9 +183,10 @@ def prenorm_layer_forward(layer: nn.Layer, positions: paddle.Tensor, hidden_stat
 class LlamaDecoderLayer(nn.Layer):
     """Pre-norm decoder block; the residual stream is carried separately so norms fuse the add.
 
-    Where the platform built the fused kernel and the matmul weights are packed, the whole
-    block runs as one kernel (``fd_decoder_layer``, the same kernels in the same order as the
-    separate layers), which saves eight trips per layer through Paddle's custom-op dispatch.
+    Where the platform built the fused kernel and the matmul weights are packed,
+    :class:`LlamaModel` runs the block in one kernel (``fd_decoder_layers``, the same kernels in
+    the same order as the separate layers) together with the consecutive layers that can, which
+    saves nine trips per layer through Paddle's custom-op dispatch.
     """
 
     def __init__(self, hf_config: Any, options: DecoderOptions, rotary_emb: RotaryEmbedding, dtype: str,
@@ -205,15 +206,16 @@ class LlamaDecoderLayer(nn.Layer):
         self._fusable = (get_op_backend().decoder_layer and self.input_layernorm.uses_kernel
                          and self.self_attn.o_proj.tp_size == 1)
 
-    # The fused kernel's per-layer arguments ((before the step's tensors), (after)), set once the
-    # weights are packed (process_weights_after_loading); None: the layer runs op by op.
-    _fused_args: tuple | None = None
+    # The fused kernel's arguments of this layer, set once the weights are packed
+    # (process_weights_after_loading); None: the layer runs op by op. LlamaModel runs the layers
+    # that have them in runs of one call each; called alone, a layer runs op by op.
+    _fused_args: FusedLayerArgs | None = None
 
     def process_weights_after_loading(self) -> None:
         """Switch to the fused kernel when the platform built it and every matmul of the layer is packed (or GGUF)."""
         object.__setattr__(self, "_fused_args", self._build_fused_args())
 
-    def _build_fused_args(self) -> tuple | None:
+    def _build_fused_args(self) -> FusedLayerArgs | None:
         attn, mlp = self.self_attn, self.mlp
         if not isinstance(mlp, LlamaMLP):  # the fused kernel computes the dense SwiGLU only
             return None
@@ -225,15 +227,12 @@ class LlamaDecoderLayer(nn.Layer):
             return None
         qkv, o, gu, down = weights
         qk_norm_w, qk_eps = attn.qk_norm.kernel_args() if attn.qk_norm is not None else (None, 0.0)
-        norm_in, norm_post = self.input_layernorm, self.post_attention_layernorm
-        before = (norm_in.weight, qkv.weight, qkv.bias, qk_norm_w, attn.rotary_emb.kernel_cos_sin)
-        after = (
-            o.weight, o.bias, norm_post.weight, gu.weight, gu.bias, down.weight, down.bias, attn.num_heads,
-            self.intermediate_size, norm_in.variance_epsilon, qk_eps, attn.rotary_emb.is_neox_style, attn.attn.scale,
-            qkv.dtype, qkv.segments, o.segments, gu.segments, down.segments, qkv.gguf_isa,
-            attn.attn.impl.attn_isa,
-        )  # fmt: skip
-        return before, after
+        norm_in = self.input_layernorm
+        settings = (attn.num_heads, self.intermediate_size, norm_in.variance_epsilon, qk_eps,
+                    attn.rotary_emb.is_neox_style, attn.attn.scale, qkv.dtype)
+        return FusedLayerArgs(norm_in.weight, qkv, qk_norm_w, attn.rotary_emb.kernel_cos_sin, o,
+                              self.post_attention_layernorm.weight, gu, down, settings, qkv.gguf_isa,
+                              attn.attn.impl.attn_isa)
 
     def forward(
         self,
@@ -243,15 +242,6 @@ class LlamaDecoderLayer(nn.Layer):
         kv_cache: tuple[paddle.Tensor, paddle.Tensor],
         attn_metadata: AttentionMetadata,
     ) -> tuple[paddle.Tensor, paddle.Tensor]:
-        fused = self._fused_args
-        if fused is not None and attn_metadata.has_kernel_fields:
-            if residual is None:  # a zero residual makes the layer's first add exact
-                residual = paddle.zeros_like(hidden_states)
-            md = attn_metadata
-            return ops.decoder_layer(
-                hidden_states, residual, *fused[0], positions, kv_cache[0], kv_cache[1], md.slot_mapping,
-                md.block_tables, md.query_start_loc, md.seq_lens, *fused[1],
-            )  # fmt: skip
         return prenorm_layer_forward(self, positions, hidden_states, residual, kv_cache, attn_metadata)
 
 
@@ -281,6 +271,7 @@ class LlamaModel(nn.Layer):
             for i in range(hf_config.num_hidden_layers)
         ])
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype)
+        self._plan: list[tuple[int, int, FusedLayerRun | None]] = self._op_by_op
         if self.embed_tokens.tp_size > 1 and get_op_backend().decoder_layer:
             logger.info("Tensor parallel: the decoder layers run op by op (the fused layer kernel has no "
                         "all-reduce inside).")
@@ -294,10 +285,30 @@ class LlamaModel(nn.Layer):
     ) -> paddle.Tensor:
         hidden_states = self.embed_tokens(input_ids)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden_states, residual = layer(positions, hidden_states, residual, kv_cache, attn_metadata)
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"kv_caches: {len(kv_caches)} for {len(self.layers)} layers")
+        for start, stop, run in self._plan if attn_metadata.has_kernel_fields else self._op_by_op:
+            if run is not None:
+                hidden_states, residual = run(hidden_states, residual, positions, kv_caches[start:stop], attn_metadata)
+            else:
+                hidden_states, residual = self.layers[start](positions, hidden_states, residual, kv_caches[start],
+                                                             attn_metadata)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
+
+    def process_weights_after_loading(self) -> None:
+        """Each layer's fused kernel arguments (its weights are packed by now), then the runs they make."""
+        for layer in self.layers:
+            layer.process_weights_after_loading()
+        self.plan_fused_runs()
+
+    def plan_fused_runs(self) -> None:
+        """Group the layers whose fused kernel arguments are set into runs of one op call each (after loading)."""
+        self._plan = plan_runs([layer._fused_args for layer in self.layers])
+
+    @property
+    def _op_by_op(self) -> list[tuple[int, int, None]]:
+        return [(i, i + 1, None) for i in range(len(self.layers))]
 
 
 # HF projection name -> (fused parameter's module name, shard id).
@@ -382,8 +393,7 @@ class LlamaForCausalLM(nn.Layer):
             RuntimeError: ``dtype`` is bfloat16 but the kernels are not available.
         """
         self.compute_dtype = process_linear_weights(self, dtype)
-        for layer in self.model.layers:
-            layer.process_weights_after_loading()
+        self.model.process_weights_after_loading()
         self.kv_cache_dtype = "bfloat16" if self.compute_dtype == "bfloat16" else "float32"
 
     def compute_logits(self, hidden_states: paddle.Tensor) -> paddle.Tensor:

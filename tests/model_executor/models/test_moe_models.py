@@ -52,6 +52,8 @@ def test_sparse_layers_follow_the_config(moe):
     # Dense layers keep the fused decoder-layer kernel where it is built; sparse ones run op by op.
     if current_platform.get_op_backend().decoder_layer:
         assert [layer._fused_args is None for layer in model.model.layers] == sparse
+        # Each dense layer between sparse ones is a fused run of its own.
+        assert [(stop - start, run is None) for start, stop, run in model.model._plan] == [(1, s) for s in sparse]
 
 
 def test_batched_alone_and_prefix_hit_give_transformers_tokens(moe):
