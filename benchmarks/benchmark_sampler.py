@@ -16,6 +16,10 @@ Run it once per implementation and the JSON gathers both:
 
     OMP_NUM_THREADS=1 PYTHONPATH=/work/base taskset -c 1 python benchmarks/benchmark_sampler.py --label before
     OMP_NUM_THREADS=1 PYTHONPATH=. taskset -c 1 python benchmarks/benchmark_sampler.py --label after
+
+``--samplers numpy csrc`` times each of the sampler's paths (numpy, or the full-vocabulary passes in
+csrc/cpu/sampling.cc) in the same process, as ``LABEL/numpy`` and ``LABEL/csrc``; without it the
+runner keeps the platform's choice.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import paddle
 
 from fastdeploy.engine.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from fastdeploy.entrypoints.cli.collect_env import cpu_features, cpuinfo
+from fastdeploy.model_executor.layers.sampler import Sampler
 from fastdeploy.sampling_params import SamplingParams
 from fastdeploy.worker.model_runner import ModelRunner
 
@@ -74,15 +79,20 @@ class StandInModel:
         return out
 
 
-def make_runner(batch: int, opt: str, rng: np.random.Generator, logits: np.ndarray) -> tuple[ModelRunner, list[str]]:
-    """A runner whose batch holds ``batch`` requests that have each just finished a prefill."""
+def make_runner(batch: int, opt: str, rng: np.random.Generator, logits: np.ndarray, sampler: str | None
+                ) -> tuple[ModelRunner, list[str]]:
+    """A runner whose batch holds ``batch`` requests that have each just finished a prefill; ``sampler``
+    ("numpy" / "csrc") replaces the platform's sampler path."""
     config = SimpleNamespace(
         model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN, vocab_size=VOCAB, seed=0),
         cache_config=SimpleNamespace(block_size=BLOCK_SIZE),
         scheduler_config=SimpleNamespace(max_num_seqs=max(batch, 16)),
+        speculative_config=None,
     )
     runner = ModelRunner(config)
     runner.model = StandInModel(logits)
+    if sampler is not None:
+        runner.sampler = Sampler(kernels=sampler == "csrc")
     blocks = MAX_MODEL_LEN // BLOCK_SIZE
     new = []
     for i in range(batch):
@@ -111,12 +121,12 @@ def sampling_step(runner: ModelRunner, req_ids: list[str], rows: np.ndarray, log
         runner.requests[req_id].output_token_ids.append(tok)
 
 
-def time_sampling(batch: int, opt: str, iters: int) -> tuple[float, float]:
+def time_sampling(batch: int, opt: str, iters: int, sampler: str | None) -> tuple[float, float]:
     """Median and minimum milliseconds of one sampling step (the minimum is the least disturbed by other load)."""
     rng = np.random.default_rng(0)
     # Peaked like a language model's logits (the top 1024 tokens hold most of the mass).
     logits = (rng.standard_normal((batch, VOCAB)) * 4).astype(np.float32)
-    runner, req_ids = make_runner(batch, opt, rng, logits)
+    runner, req_ids = make_runner(batch, opt, rng, logits, sampler)
     rows = np.array([runner.input_batch.req_id_to_index[r] for r in req_ids])
     times = []
     for _ in range(iters):
@@ -127,11 +137,11 @@ def time_sampling(batch: int, opt: str, iters: int) -> tuple[float, float]:
     return statistics.median(times) * 1e3, min(times) * 1e3
 
 
-def time_runner(batch: int, opt: str, steps: int) -> tuple[float, float]:
+def time_runner(batch: int, opt: str, steps: int, sampler: str | None) -> tuple[float, float]:
     """Median and minimum host milliseconds of execute_model at ``batch`` decode, model forward and compute_logits excluded."""
     rng = np.random.default_rng(1)
     logits = (rng.standard_normal((batch, VOCAB)) * 4).astype(np.float32)
-    runner, req_ids = make_runner(batch, opt, rng, logits)
+    runner, req_ids = make_runner(batch, opt, rng, logits, sampler)
     model = runner.model
     computed = {r: PROMPT_LEN + PAST_OUTPUTS for r in req_ids}
     times = []
@@ -153,20 +163,15 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--runner-steps", type=int, default=100)
+    parser.add_argument("--samplers", nargs="+", choices=["numpy", "csrc"],
+                        help="time each of these sampler paths (default: the platform's)")
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "sampler.json")
     args = parser.parse_args()
-
-    step = {opt: {str(b): time_sampling(b, opt, args.iters if b > 1 else 10 * args.iters)
-                  for b in args.batch_sizes} for opt in ("none", "all")}
-    runner = {opt: time_runner(16, opt, args.runner_steps) for opt in ("none", "all")}
-    result = {
-        "sampling_step_ms": {opt: {b: round(t[0], 3) for b, t in v.items()} for opt, v in step.items()},
-        "sampling_step_min_ms": {opt: {b: round(t[1], 3) for b, t in v.items()} for opt, v in step.items()},
-        "all_over_none_min": {b: round(step["all"][b][1] / step["none"][b][1], 2) for b in step["all"]},
-        "runner_host_ms_batch16_decode": {opt: round(t[0], 3) for opt, t in runner.items()},
-        "runner_host_min_ms_batch16_decode": {opt: round(t[1], 3) for opt, t in runner.items()},
-    }
     data = json.loads(args.output.read_text()) if args.output.exists() else {}
+    for sampler in args.samplers or [None]:
+        label = args.label if sampler is None else f"{args.label}/{sampler}"
+        data.setdefault("results", {})[label] = result = measure(args, sampler)
+        print(json.dumps({label: result}, indent=2))
     data.update({
         "what": "one sampling step (metadata from the persistent batch + sampler + recording tokens), "
                 f"vocab {VOCAB}, median and minimum ms over the iterations; runner host time = execute_model "
@@ -174,12 +179,25 @@ def main() -> None:
                 "move by up to 2x between runs, the minima much less.",
         "cpu": f"{cpuinfo('model name') or 'unknown'} ({cpu_features()})",
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-        "command": "OMP_NUM_THREADS=1 PYTHONPATH=<impl> taskset -c 1 python benchmarks/benchmark_sampler.py --label <label>",
+        "command": "OMP_NUM_THREADS=1 PYTHONPATH=<impl> taskset -c 1 python benchmarks/benchmark_sampler.py --label <label>"
+                   " [--samplers numpy csrc]",
     })
-    data.setdefault("results", {})[args.label] = result
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(data, indent=2) + "\n")
-    print(json.dumps({args.label: result}, indent=2))
+
+
+def measure(args: argparse.Namespace, sampler: str | None) -> dict:
+    """The step and runner figures of one sampler path."""
+    step = {opt: {str(b): time_sampling(b, opt, args.iters if b > 1 else 10 * args.iters, sampler)
+                  for b in args.batch_sizes} for opt in ("none", "all")}
+    runner = {opt: time_runner(16, opt, args.runner_steps, sampler) for opt in ("none", "all")}
+    return {
+        "sampling_step_ms": {opt: {b: round(t[0], 3) for b, t in v.items()} for opt, v in step.items()},
+        "sampling_step_min_ms": {opt: {b: round(t[1], 3) for b, t in v.items()} for opt, v in step.items()},
+        "all_over_none_min": {b: round(step["all"][b][1] / step["none"][b][1], 2) for b in step["all"]},
+        "runner_host_ms_batch16_decode": {opt: round(t[0], 3) for opt, t in runner.items()},
+        "runner_host_min_ms_batch16_decode": {opt: round(t[1], 3) for opt, t in runner.items()},
+    }
 
 
 if __name__ == "__main__":

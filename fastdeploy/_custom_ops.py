@@ -9,6 +9,7 @@ would pay ~300 times.
 
 from __future__ import annotations
 
+import numpy as np
 import paddle
 from paddle import _C_ops
 
@@ -157,6 +158,27 @@ def decoder_layers(hidden: paddle.Tensor, residual: paddle.Tensor, *args: object
     """
     _run("fd_decoder_layers", hidden, residual, *args)
     return hidden, residual
+
+
+def _numpy_view(a: np.ndarray) -> paddle.Tensor:
+    """A Paddle tensor over the memory of the C-contiguous array ``a`` (no copy)."""
+    return paddle.utils.dlpack.from_dlpack(a)
+
+
+def exp_scaled(x: np.ndarray, inv_temperature: np.ndarray) -> None:
+    """In place on ``x [S, V]`` float32: ``exp((x - row max) * inv_temperature[row])`` (csrc/cpu/sampling.cc)."""
+    _run("fd_exp_scaled", _numpy_view(x), _numpy_view(inv_temperature))
+
+
+def inverse_cdf_sample(weights: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """Per row of ``weights [S, V]`` float32 the column drawn with probability proportional to its weight,
+    given ``uniform [S]`` float64 in [0, 1) (csrc/cpu/sampling.cc; the numpy sampler's ``inverse_cdf_sample``)."""
+    return _run("fd_inverse_cdf_sample", _numpy_view(weights), _numpy_view(uniform))[0].numpy()
+
+
+def sample_random(x: np.ndarray, inv_temperature: np.ndarray, uniform: np.ndarray) -> np.ndarray:
+    """:func:`exp_scaled` then :func:`inverse_cdf_sample` in one call (``x`` is left holding the weights)."""
+    return _run("fd_sample_random", _numpy_view(x), _numpy_view(inv_temperature), _numpy_view(uniform))[0].numpy()
 
 
 def gguf_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None, segments: list[int],

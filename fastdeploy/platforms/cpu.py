@@ -301,6 +301,7 @@ class CpuPlatform(Platform):
                 w8a8=w8a8,
                 w8a8_weight_max=w8a8_weight_max,
                 fp8=fp8_kernel_path() if "fd_fp8_linear" in built else "paddle",
+                sampler="csrc" if {"fd_exp_scaled", "fd_inverse_cdf_sample", "fd_sample_random"} <= built else "numpy",
             )
         return self._op_backend
 

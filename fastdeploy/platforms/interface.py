@@ -62,6 +62,9 @@ class OpBackend:
     # fp8 (e4m3) weight kernels (--quantization fp8, csrc/cpu/fp8_gemm.cc): "amx-bf16", "avx512-bf16", "avx512",
     # "avx2", "scalar" or "paddle" (not built: the format is refused). The bf16 paths serve bf16 models only.
     fp8: str = "paddle"
+    # Random sampling's full-vocabulary passes (temperature + exp, inverse-CDF draw): "csrc"
+    # (csrc/cpu/sampling.cc) or "numpy".
+    sampler: str = "numpy"
 
     @property
     def attn_isa(self) -> int:
@@ -80,7 +83,8 @@ class OpBackend:
         norm = self.rms_norm if self.rms_norm != "paddle" or not self.paddle_fused_rms_norm else "paddle-fused"
         layer = "fused" if self.decoder_layer else "per-op"
         return (f"linear: {linear}{isa}, attention: {self.attention}, rms_norm: {norm}, "
-                f"silu_and_mul: {self.silu_and_mul}, fused_moe: {self.fused_moe}, decoder layer: {layer}, gguf: {self.gguf}")
+                f"silu_and_mul: {self.silu_and_mul}, fused_moe: {self.fused_moe}, decoder layer: {layer}, "
+                f"sampler: {self.sampler}, gguf: {self.gguf}")
 
 
 class Platform:

@@ -15,6 +15,7 @@ from fastdeploy.config import FDConfig
 from fastdeploy.engine.request import LogprobsLists
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.logger import init_logger
+from fastdeploy.model_executor.custom_op import get_op_backend
 from fastdeploy.model_executor.layers.attention.kv_cache_spec import FullAttentionSpec, kv_cache_bytes_per_block
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, logprobs_of_rows
@@ -68,7 +69,7 @@ class ModelRunner:
         self.max_num_reqs = fd_config.scheduler_config.max_num_seqs
         self.vocab_size = mc.vocab_size
         self.requests: dict[str, CachedRequestState] = {}
-        self.sampler = Sampler()
+        self.sampler = Sampler(kernels=get_op_backend().sampler == "csrc")
         self.model = None
         self.kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]] = []
         self.input_batch = InputBatch(

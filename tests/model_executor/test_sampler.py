@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from fastdeploy import _custom_ops
 from fastdeploy.model_executor.layers.sampler import (
     Sampler,
     SamplingMetadata,
@@ -15,6 +16,13 @@ from fastdeploy.model_executor.layers.sampler import (
 )
 
 V = 50
+# The random paths run on numpy, and on csrc/cpu/sampling.cc where it is built (the platform's choice).
+KERNELS = [False] + ([True] if _custom_ops.has("fd_sample_random") else [])
+
+
+@pytest.fixture(params=KERNELS, ids=lambda k: "csrc" if k else "numpy")
+def kernels(request):
+    return request.param
 
 
 def logits(rows=3, seed=0):
@@ -27,15 +35,15 @@ def test_greedy_is_argmax():
     assert out.sampled_token_ids.tolist() == x.argmax(-1).tolist()
 
 
-def test_seeded_rows_do_not_depend_on_batch():
+def test_seeded_rows_do_not_depend_on_batch(kernels):
     x = logits(4)
     md = lambda rows, seeds: SamplingMetadata(  # noqa: E731
         temperature=np.ones(rows, np.float32),
         all_greedy=False,
         generators={i: np.random.default_rng(s) for i, s in enumerate(seeds)},
     )
-    alone = [Sampler()(x[i : i + 1], md(1, [7])).sampled_token_ids[0] for i in [2]]
-    together = Sampler()(x[[1, 2]], md(2, [3, 7])).sampled_token_ids
+    alone = [Sampler(kernels)(x[i : i + 1], md(1, [7])).sampled_token_ids[0] for i in [2]]
+    together = Sampler(kernels)(x[[1, 2]], md(2, [3, 7])).sampled_token_ids
     assert together[1] == alone[0]
 
 
@@ -50,11 +58,11 @@ def test_top_k_one_is_greedy_and_top_p_keeps_minimal_prefix():
     assert np.nonzero(kept[0])[0].tolist() == [0]
 
 
-def test_min_p_and_temperature_sampling_stay_in_support():
+def test_min_p_and_temperature_sampling_stay_in_support(kernels):
     x = np.full((1, V), -10.0, np.float32)
     x[0, [3, 9]] = [5.0, 4.9]
     md = SamplingMetadata(temperature=np.ones(1, np.float32), all_greedy=False, min_p=np.array([0.5], np.float32))
-    seen = {int(Sampler()(x, md).sampled_token_ids[0]) for _ in range(50)}
+    seen = {int(Sampler(kernels)(x, md).sampled_token_ids[0]) for _ in range(50)}
     assert seen <= {3, 9} and len(seen) == 2
 
 
@@ -235,17 +243,17 @@ def test_inverse_cdf_sample_matches_searchsorted_and_skips_zero_weights():
         assert (weights[np.arange(64), picked] > 0).all()
 
 
-def test_sampling_frequencies_follow_the_kept_distribution():
+def test_sampling_frequencies_follow_the_kept_distribution(kernels):
     x = np.log(np.array([[0.5, 0.3, 0.15, 0.05] + [1e-9] * 60], np.float32))
     md = SamplingMetadata(temperature=np.ones(1, np.float32), all_greedy=False, top_p=np.array([0.9], np.float32))
-    sampler = Sampler()
+    sampler = Sampler(kernels)
     draws = np.array([sampler(x, md).sampled_token_ids[0] for _ in range(4000)])
     assert set(draws.tolist()) <= {0, 1, 2}
     freq = np.bincount(draws, minlength=3)[:3] / len(draws)
     np.testing.assert_allclose(freq, np.array([0.5, 0.3, 0.15]) / 0.95, atol=0.03)
 
 
-def test_seeded_row_does_not_depend_on_other_rows_settings():
+def test_seeded_row_does_not_depend_on_other_rows_settings(kernels):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((4, V)).astype(np.float32)
 
@@ -255,7 +263,7 @@ def test_seeded_row_does_not_depend_on_other_rows_settings():
             top_k=np.array(top_k), top_p=np.array(top_p, np.float32), min_p=np.array(min_p, np.float32),
             generators={len(rows) - 1: np.random.default_rng(11)},
         )
-        return [int(Sampler()(x[rows], md).sampled_token_ids[-1]) for _ in range(1)][0]
+        return [int(Sampler(kernels)(x[rows], md).sampled_token_ids[-1]) for _ in range(1)][0]
 
     for own in ((0, 1.0, 0.0), (10, 0.8, 0.1)):
         alone = run([3], [own[0]], [own[1]], [own[2]])
@@ -287,3 +295,20 @@ def test_logprobs_of_rows_in_chunks_equal_the_whole_array(num_logprobs):
     np.testing.assert_array_equal(got.token_ids, want.token_ids)
     np.testing.assert_array_equal(got.logprobs, want.logprobs)
     np.testing.assert_array_equal(got.ranks, want.ranks)
+
+
+@pytest.mark.skipif(len(KERNELS) == 1, reason="the C++ kernels are not built")
+@pytest.mark.parametrize("settings", [{}, {"top_p": 0.9}, {"top_k": 40}, {"min_p": 0.05}])
+def test_kernel_sampler_draws_what_the_numpy_sampler_draws(settings):
+    """Same seeds, same tokens: the kernels compute the numpy sampler's weights (to ~1 ulp) and its draw."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((16, 49152)) * 2.5).astype(np.float32)
+    rows = len(x)
+    extra = {k: np.full(rows, v, np.float32 if k != "top_k" else np.int64) for k, v in settings.items()}
+
+    def draw(kernels: bool) -> list[int]:
+        md = SamplingMetadata(temperature=np.linspace(0.5, 1.5, rows).astype(np.float32), all_greedy=False,
+                              generators={i: np.random.default_rng(100 + i) for i in range(rows)}, **extra)
+        return Sampler(kernels)(x, md).sampled_token_ids.tolist()
+
+    assert draw(True) == draw(False)

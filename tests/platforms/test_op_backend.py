@@ -100,9 +100,10 @@ def test_fd_cpu_kernels_picks_the_backend_and_the_log_names_it(kernels, checkpoi
     line = next(x for x in out.stdout.splitlines() if x.startswith("BACKEND"))
     if kernels == "0":
         assert "linear: paddle-fp32" in line and "attention: paddle" in line and "decoder layer: per-op" in line
+        assert "sampler: numpy" in line
         assert line.endswith("gguf: paddle")
     else:
-        assert "attention: paged-avx" in line and "rms_norm: csrc" in line
+        assert "attention: paged-avx" in line and "rms_norm: csrc" in line and "sampler: csrc" in line
         assert line.endswith(f"gguf: {gguf_kernel_path()}")
     # The loader logs the chosen paths once, as the model is built.
     logged = [x for x in out.stderr.splitlines() if "Kernel paths:" in x]
@@ -111,12 +112,13 @@ def test_fd_cpu_kernels_picks_the_backend_and_the_log_names_it(kernels, checkpoi
 
 def test_describe_names_each_path():
     backend = OpBackend(linear="panel", rms_norm="csrc", silu_and_mul="csrc", attention="paged-avx2",
-                        decoder_layer=True, isa="AVX2", gguf="avx2")
+                        decoder_layer=True, isa="AVX2", gguf="avx2", sampler="csrc")
     assert backend.describe("bfloat16") == ("linear: panel-bf16 (AVX2), attention: paged-avx2, rms_norm: csrc, "
-                                            "silu_and_mul: csrc, fused_moe: paddle, decoder layer: fused, gguf: avx2")
+                                            "silu_and_mul: csrc, fused_moe: paddle, decoder layer: fused, "
+                                            "sampler: csrc, gguf: avx2")
     assert OpBackend(paddle_fused_rms_norm=True).describe() == (
         "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, fused_moe: paddle, "
-        "decoder layer: per-op, gguf: paddle")
+        "decoder layer: per-op, sampler: numpy, gguf: paddle")
 
 
 def test_fd_cpu_attention_kernel_picks_the_attention_path(monkeypatch):

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from fastdeploy import _custom_ops as ops
+
 _SAMPLING_EPS = 1e-5
 # Top-p without top-k first looks at about this many best tokens; only when they hold less than
 # top_p of the mass does it fall back to every token of the row.
@@ -188,10 +190,17 @@ def requested_logprobs(logprobs: np.ndarray, arrays: LogprobsArrays, rows: np.nd
 
 
 class Sampler:
-    """Samples one token per row from ``[S, vocab]`` fp32 logits."""
+    """Samples one token per row from ``[S, vocab]`` fp32 logits.
 
-    def __init__(self) -> None:
+    Args:
+        kernels: run the two full-vocabulary passes of random sampling (temperature + exp, the
+            inverse-CDF draw) in csrc/cpu/sampling.cc instead of numpy; the platform's choice
+            (``OpBackend.sampler``).
+    """
+
+    def __init__(self, kernels: bool = False) -> None:
         self._rng = np.random.default_rng()
+        self.kernels = kernels
 
     def __call__(self, logits: np.ndarray, md: SamplingMetadata, *, inplace: bool = False) -> SamplerOutput:
         """Sample every row; ``inplace=True`` lets the sampler use ``logits`` as its scratch buffer."""
@@ -240,18 +249,26 @@ class Sampler:
     def sample_random(self, logits: np.ndarray, md: SamplingMetadata, rows: np.ndarray) -> np.ndarray:
         """Tokens for ``rows`` (the random rows, ascending), reusing ``logits`` as scratch space."""
         probs = logits if len(rows) == len(logits) else logits[rows]
-        # Unnormalised probabilities exp((l - max) / t): the row maximum is 1, which makes min_p a
-        # plain threshold, and nothing downstream needs them normalised.
-        probs -= probs.max(axis=-1, keepdims=True)
-        probs *= (1.0 / md.temperature[rows]).astype(np.float32)[:, None]
-        np.exp(probs, out=probs)
-        if md.min_p is not None:
-            np.putmask(probs, probs < md.min_p[rows, None], 0.0)
+        inv_temperature = (1.0 / md.temperature[rows]).astype(np.float32)
         uniform = self._rng.random(len(rows))
         for pos, gen in md.generators.items():
             local = np.searchsorted(rows, pos)
             if local < len(rows) and rows[local] == pos:
                 uniform[local] = gen.random()
+        truncated = md.min_p is not None or md.top_k is not None or md.top_p is not None
+        if self.kernels and not truncated:  # the whole vocabulary: exp and draw in one call
+            return ops.sample_random(np.ascontiguousarray(probs), inv_temperature, uniform)
+        # Unnormalised probabilities exp((l - max) / t): the row maximum is 1, which makes min_p a
+        # plain threshold, and nothing downstream needs them normalised.
+        if self.kernels:
+            probs = np.ascontiguousarray(probs)
+            ops.exp_scaled(probs, inv_temperature)
+        else:
+            probs -= probs.max(axis=-1, keepdims=True)
+            probs *= inv_temperature[:, None]
+            np.exp(probs, out=probs)
+        if md.min_p is not None:
+            np.putmask(probs, probs < md.min_p[rows, None], 0.0)
         out = np.empty(len(rows), dtype=np.int64)
         full = np.ones(len(rows), dtype=bool)
         if md.top_k is not None or md.top_p is not None:
@@ -262,10 +279,11 @@ class Sampler:
                 picked = inverse_cdf_sample(cand_probs, uniform[trunc])
                 out[trunc] = cand_ids[np.arange(len(trunc)), picked]
                 full[trunc] = False
+        draw = ops.inverse_cdf_sample if self.kernels else inverse_cdf_sample
         if full.all():
-            out[:] = inverse_cdf_sample(probs, uniform)
+            out[:] = draw(probs, uniform)
         elif full.any():
-            out[full] = inverse_cdf_sample(probs[full], uniform[full])
+            out[full] = draw(np.ascontiguousarray(probs[full]), uniform[full])
         return out
 
 
