@@ -38,8 +38,9 @@ constexpr int64_t kKeys = 16;      // keys per tile: one register of fp32 scores
 constexpr int64_t kGroupRows = 4;  // most query rows sharing each key-pair load
 // A tile of a decode takes ~0.15 us, about one memory latency: fetching one tile ahead left it
 // waiting. Two tiles ahead ran 16 decodes over 1,000 tokens 9% faster (over 330: 2-4%) with the
-// caches of 30 layers streamed from memory; three were slower again (each item's first tiles go
-// unfetched).
+// caches of 30 layers streamed from memory; three were slower again. An item's last tiles fetch
+// the next item's first ones, which were otherwise read cold: 16 decodes over 330 tokens
+// streamed 244 -> 206 us, the gguf decode step at batch 16 3.8-4.9% faster (interleaved A/B).
 constexpr int64_t kPrefetchTiles = 2;
 constexpr int64_t kPrefetchKeys = kPrefetchTiles * kKeys;
 
@@ -130,6 +131,15 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
       }
     }
     const int64_t* table = block_tables + item.seq * max_blocks;
+    // Past this item's last keys the prefetch runs on into the next item's first ones (within its
+    // block table's row whatever its seq_lens says: that item checks its own context when it runs).
+    const int64_t next_keys =
+        at.next == nullptr
+            ? 0
+            : std::max<int64_t>(0, std::min({kPrefetchKeys, seq_lens[at.next->seq], max_blocks * block_size}));
+    fastdeploy_cpu::SlotCursor next_cursor(at.next != nullptr ? block_tables + at.next->seq * max_blocks : table,
+                                           block_size, 0);
+    int64_t next_fetched = 0;
 
     for (int64_t key0 = 0; key0 <= last_pos; key0 += kKeys) {
       const int64_t num_keys = std::min(kKeys, last_pos + 1 - key0);
@@ -143,9 +153,16 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
         const int64_t offset = (here.slot() * num_kv_heads + item.kv_head) * D;
         key_rows[k] = key_cache + offset;
         value_rows[k] = value_cache + offset;
+        int64_t next_offset = -1;
         if (k < num_ahead) {
-          const int64_t next_offset = (ahead.slot() * num_kv_heads + item.kv_head) * D;
+          next_offset = (ahead.slot() * num_kv_heads + item.kv_head) * D;
           ahead.next();
+        } else if (next_fetched < next_keys) {
+          next_offset = (next_cursor.slot() * num_kv_heads + at.next->kv_head) * D;
+          next_cursor.next();
+          ++next_fetched;
+        }
+        if (next_offset >= 0) {
           for (int64_t b = 0; b < D * 2; b += 64) {
             _mm_prefetch(reinterpret_cast<const char*>(key_cache + next_offset) + b, _MM_HINT_T0);
             _mm_prefetch(reinterpret_cast<const char*>(value_cache + next_offset) + b, _MM_HINT_T0);

@@ -139,6 +139,9 @@ std::vector<AttentionWorkItem> attention_work_items(const int64_t* query_start_l
 // r % group, at position first_pos + r / group (last_pos for the item's last token).
 struct AttentionItemRows {
   int64_t rows, first_token, first_pos, last_pos;
+  // The item after this one in the batch (nullptr for the last): with one thread the next to run,
+  // whose first keys a kernel may fetch while it finishes this one.
+  const AttentionWorkItem* next = nullptr;
 };
 // False where the sequence's seq_lens is shorter than its queries or longer than its block table.
 inline bool attention_item_rows(const AttentionWorkItem& item, const int64_t* query_start_loc,
@@ -174,6 +177,7 @@ void for_each_attention_item(const int64_t* query_start_loc, const int64_t* seq_
         bad_context = true;
         continue;
       }
+      at.next = it + 1 < num_items ? &items[it + 1] : nullptr;
       body(scratch, items[it], at);
     }
   }
