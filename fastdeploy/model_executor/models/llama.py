@@ -271,6 +271,8 @@ class LlamaModel(nn.Layer):
             for i in range(hf_config.num_hidden_layers)
         ])
         self.norm = RMSNorm(hf_config.hidden_size, hf_config.rms_norm_eps, dtype)
+        # Every layer op by op: the plan before loading, and of steps whose metadata the kernels cannot take.
+        self._op_by_op: list[tuple[int, int, None]] = [(i, i + 1, None) for i in range(len(self.layers))]
         self._plan: list[tuple[int, int, FusedLayerRun | None]] = self._op_by_op
         if self.embed_tokens.tp_size > 1 and get_op_backend().decoder_layer:
             logger.info("Tensor parallel: the decoder layers run op by op (the fused layer kernel has no "
@@ -305,10 +307,6 @@ class LlamaModel(nn.Layer):
     def plan_fused_runs(self) -> None:
         """Group the layers whose fused kernel arguments are set into runs of one op call each (after loading)."""
         self._plan = plan_runs([layer._fused_args for layer in self.layers])
-
-    @property
-    def _op_by_op(self) -> list[tuple[int, int, None]]:
-        return [(i, i + 1, None) for i in range(len(self.layers))]
 
 
 # HF projection name -> (fused parameter's module name, shard id).
