@@ -97,7 +97,7 @@ class EngineCoreProc:
         try:
             try:
                 # Before the model loads, so an unreachable Redis fails the start at once.
-                bridge = GlobalSchedulerBridge.from_config(fd_config)
+                bridge = GlobalSchedulerBridge.from_config(fd_config, cpu_binding.api if cpu_binding else None)
                 core = _load_class(engine_core_cls or DEFAULT_ENGINE_CORE_CLS)(fd_config)
                 if hasattr(core, "wide_steps"):
                     # After the model loaded: the kernels' OpenMP runtime is in the process now.

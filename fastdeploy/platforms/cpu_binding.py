@@ -89,6 +89,12 @@ def bind_process(cores: frozenset[int], role: str) -> None:
     logger.info("%s process bound to CPU cores %s.", role, ",".join(map(str, sorted(cores))))
 
 
+def bind_current_thread(cores: frozenset[int] | None) -> None:
+    """Pin only the calling thread to ``cores`` (None or empty: leave it as it is)."""
+    if cores:
+        os.sched_setaffinity(0, cores)  # 0 is the calling thread on Linux, not the whole process
+
+
 # System-wide CPU pressure (PSI): the "some" line's total is the microseconds during which at least
 # one runnable task waited for a core.
 CPU_PRESSURE_PATH = "/proc/pressure/cpu"
@@ -169,7 +175,7 @@ class WideSteps:
         self.num_wide_steps += wide
         if wide == self.wide:
             return
-        os.sched_setaffinity(0, self.wide_cores if wide else self.narrow_cores)  # this thread only
+        bind_current_thread(self.wide_cores if wide else self.narrow_cores)
         if wide:
             # The wide team's workers sleep soon after the step instead of spinning (KMP_BLOCKTIME,
             # 200 ms by default) on the cores the API process keeps; narrow teams keep the default.

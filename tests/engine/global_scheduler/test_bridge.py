@@ -7,6 +7,7 @@ from the last prompt token, 2 ms a step, so every answer is known in advance.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import msgspec
@@ -18,7 +19,8 @@ from fastdeploy.engine.arg_utils import AsyncEngineArgs
 from fastdeploy.engine.async_llm import AsyncLLM
 from fastdeploy.engine.core_messages import abort_decoder, outputs_decoder, unpack_time
 from fastdeploy.engine.exceptions import EngineGenerateError
-from fastdeploy.engine.global_scheduler.bridge import BridgeMessage, CoreEndpoint
+from fastdeploy.engine.global_scheduler.bridge import BridgeMessage, CoreEndpoint, GlobalSchedulerBridge
+from fastdeploy.engine.global_scheduler.redis_scheduler import GlobalSchedulerConfig
 from fastdeploy.engine.request import EngineCoreOutput, EngineCoreOutputs, FinishReason, SchedulerStats
 from fastdeploy.sampling_params import RequestOutputKind, SamplingParams
 
@@ -199,6 +201,31 @@ def test_core_endpoint_diverts_stolen_outputs_and_counts_takes():
     finally:
         endpoint.close()
         bridge_side.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_bridge_thread_runs_on_the_io_cores_not_the_engines(redis_server):
+    """The engine process is pinned to its cores; the bridge thread alone moves to the API process's."""
+    io_core = sorted(os.sched_getaffinity(0))[0]
+    before = os.sched_getaffinity(0)
+    bridge = GlobalSchedulerBridge(GlobalSchedulerConfig(port=redis_server.port, topic="cores"), capacity=1,
+                                   io_cores=frozenset({io_core}))
+    ctx = zmq.Context()
+    sink = ctx.socket(zmq.PULL)
+    sink.bind("inproc://bridge-cores-output")
+    endpoint = bridge.start(ctx, "inproc://bridge-cores-output")
+    try:
+        thread_id = bridge._thread.native_id
+        deadline = time.monotonic() + 5
+        while os.sched_getaffinity(thread_id) != {io_core}:
+            assert time.monotonic() < deadline, os.sched_getaffinity(thread_id)
+            time.sleep(0.01)
+        assert os.sched_getaffinity(0) == before  # the calling (engine) thread keeps its cores
+    finally:
+        assert bridge.close()
+        endpoint.close()
+        sink.close(linger=0)
         ctx.term()
 
 
