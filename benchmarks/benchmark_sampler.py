@@ -4,9 +4,10 @@ A sampling step is what the runner pays per step around the model: building the
 SamplingMetadata from the persistent batch, the sampler call, and recording the
 sampled tokens. It is timed at batch 1, 16, 64 and 256 (vocab 49152) with no
 option set (SamplingParams() defaults: temperature 1.0, plain random sampling)
-and with every option on (temperature 0.8, top-k 50, top-p 0.9, min-p 0.05,
-repetition / presence / frequency penalties, a 20-token logit_bias), each
-request having a 256-token prompt and 64 earlier outputs.
+with every option on (temperature 0.8, top-k 50, top-p 0.9, min-p 0.05,
+repetition / presence / frequency penalties, a 20-token logit_bias), and with
+top-p 0.95 alone over flat logits (most of the vocabulary kept), each request
+having a 256-token prompt and 64 earlier outputs.
 
 The runner's host time is ``ModelRunner.execute_model`` at batch 16 decode
 minus the model forward and ``compute_logits`` (a stand-in model returns
@@ -49,10 +50,15 @@ MAX_MODEL_LEN = 1024
 HIDDEN = 64
 
 
+OPTIONS = ("none", "all", "top_p")
+
+
 def options(name: str, rng: np.random.Generator) -> SamplingParams:
-    """``none``: the defaults; ``all``: every sampling option on."""
+    """``none``: the defaults; ``all``: every sampling option on; ``top_p``: top-p 0.95 alone."""
     if name == "none":
         return SamplingParams(max_tokens=MAX_MODEL_LEN)
+    if name == "top_p":
+        return SamplingParams(top_p=0.95, max_tokens=MAX_MODEL_LEN)
     bias = {int(t): float(b) for t, b in zip(rng.choice(VOCAB, 20, replace=False), rng.uniform(-5, 5, 20), strict=True)}
     return SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
                           presence_penalty=0.5, frequency_penalty=0.5, logit_bias=bias, max_tokens=MAX_MODEL_LEN)
@@ -124,8 +130,9 @@ def sampling_step(runner: ModelRunner, req_ids: list[str], rows: np.ndarray, log
 def time_sampling(batch: int, opt: str, iters: int, sampler: str | None) -> tuple[float, float]:
     """Median and minimum milliseconds of one sampling step (the minimum is the least disturbed by other load)."""
     rng = np.random.default_rng(0)
-    # Peaked like a language model's logits (the top 1024 tokens hold most of the mass).
-    logits = (rng.standard_normal((batch, VOCAB)) * 4).astype(np.float32)
+    # Peaked like a language model's logits (the top 1024 tokens hold most of the mass); for top_p,
+    # flat like a high-entropy position (they hold ~15%: top-p 0.95 keeps most of the vocabulary).
+    logits = (rng.standard_normal((batch, VOCAB)) * (1 if opt == "top_p" else 4)).astype(np.float32)
     runner, req_ids = make_runner(batch, opt, rng, logits, sampler)
     rows = np.array([runner.input_batch.req_id_to_index[r] for r in req_ids])
     times = []
@@ -189,12 +196,13 @@ def main() -> None:
 def measure(args: argparse.Namespace, sampler: str | None) -> dict:
     """The step and runner figures of one sampler path."""
     step = {opt: {str(b): time_sampling(b, opt, args.iters if b > 1 else 10 * args.iters, sampler)
-                  for b in args.batch_sizes} for opt in ("none", "all")}
+                  for b in args.batch_sizes} for opt in OPTIONS}
     runner = {opt: time_runner(16, opt, args.runner_steps, sampler) for opt in ("none", "all")}
     return {
         "sampling_step_ms": {opt: {b: round(t[0], 3) for b, t in v.items()} for opt, v in step.items()},
         "sampling_step_min_ms": {opt: {b: round(t[1], 3) for b, t in v.items()} for opt, v in step.items()},
         "all_over_none_min": {b: round(step["all"][b][1] / step["none"][b][1], 2) for b in step["all"]},
+        "top_p_over_none_min": {b: round(step["top_p"][b][1] / step["none"][b][1], 2) for b in step["top_p"]},
         "runner_host_ms_batch16_decode": {opt: round(t[0], 3) for opt, t in runner.items()},
         "runner_host_min_ms_batch16_decode": {opt: round(t[1], 3) for opt, t in runner.items()},
     }

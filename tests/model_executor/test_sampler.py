@@ -205,7 +205,7 @@ def reference_top_k_top_p(probs, top_k, top_p):
         cand = np.argsort(-row, kind="stable")[: k if use_k else len(row)]
         vals = row[cand]
         if p < 1.0:
-            cum = np.cumsum(vals)
+            cum = np.cumsum(vals, dtype=np.float64)
             cum /= cum[-1] if use_k else row.sum()
             cand = cand[: int(np.searchsorted(cum, np.float32(p))) + 1]
         out[r, cand] = row[cand]
@@ -226,6 +226,31 @@ def test_top_k_top_p_match_per_row_reference(seed):
     top_k = rng.choice([0, 1, 5, 50, 700, vocab], s)
     top_p = rng.choice([1.0, 0.5, 0.9, 0.99], s).astype(np.float32)
     np.testing.assert_array_equal(apply_top_k_top_p(probs, top_k, top_p), reference_top_k_top_p(probs, top_k, top_p))
+
+
+def test_top_p_over_flat_rows_of_a_real_vocabulary_matches_the_reference(monkeypatch):
+    """Top-p that needs most of a 49,152-token vocabulary: the value histogram keeps what a full sort keeps."""
+    from fastdeploy.model_executor.layers import sampler
+
+    rng = np.random.default_rng(0)
+    vocab = 49152
+    logits = rng.standard_normal((8, vocab)) * np.array([0.3, 1.0, 3.0, 1.0, 0.3, 1.0, 3.0, 0.0])[:, None]
+    probs = np.exp(logits - logits.max(-1, keepdims=True)).astype(np.float32)
+    probs[3, ::2] = 0.0  # min_p zeros
+    # Ties across the cut: row 5's at its median value, row 7 a few thousand distinct tokens above 47,152 equal ones.
+    probs[5, 1000:30000] = np.median(probs[5])
+    probs[7, 2000:] = 0.5
+    probs[7, :2000] = np.linspace(1.0, 0.6, 2000)
+    top_p = np.array([0.9, 0.95, 0.5, 0.999, 0.99, 0.9, 0.9, 0.9], np.float32)
+    histogram_rows = []
+    real = sampler._top_p_by_histogram
+    monkeypatch.setattr(sampler, "_top_p_by_histogram", lambda p, *a: histogram_rows.append(len(p)) or real(p, *a))
+    got = apply_top_k_top_p(probs, None, top_p)
+    assert histogram_rows == [7]  # all but row 2, whose best 1,024 tokens hold half its mass
+    np.testing.assert_array_equal(got, reference_top_k_top_p(probs, np.zeros(8, np.int64), top_p))
+    for r, ties in ((5, slice(1000, 30000)), (7, slice(2000, None))):
+        kept = np.count_nonzero(got[r, ties])
+        assert 0 < kept < len(got[r, ties]) and got[r, ties][:kept].all()  # tied tokens kept by lower id first
 
 
 def test_inverse_cdf_sample_matches_searchsorted_and_skips_zero_weights():

@@ -28,8 +28,10 @@ from fastdeploy import _custom_ops as ops
 
 _SAMPLING_EPS = 1e-5
 # Top-p without top-k first looks at about this many best tokens; only when they hold less than
-# top_p of the mass does it fall back to every token of the row.
+# top_p of the mass does it cut the whole row (by a histogram of its values, not a sort).
 _TOP_P_CANDIDATES = 1024
+# A top-p row with more candidates than this is cut by a histogram of its values instead of a sort.
+_HISTOGRAM_FROM = 4 * _TOP_P_CANDIDATES
 # The candidate threshold comes from every _STRIDE-th token of a row: the j-th largest of that
 # sample has about _STRIDE * j tokens above it in the row, so the threshold costs 1/_STRIDE of a
 # full selection. A row whose threshold keeps too few tokens is redone exactly.
@@ -385,13 +387,25 @@ def top_k_top_p_candidates(
     if total is not None:
         # A margin over the mass top-p needs, so that rounding never cuts inside the candidates.
         enough &= ~top_p_only | (cand_mass >= p * total * (1 + 1e-4))
-    if not (complete | enough).all():
-        threshold = np.where(complete | enough, threshold, _SMALLEST_POSITIVE)
+    wide: dict[int, np.ndarray] = {}
+    short = ~(complete | enough)
+    # Top-p over a flat distribution needs most of the vocabulary: sorting all of it cost ~5 ms a
+    # row (49,152 tokens), the value histogram a tenth of that.
+    histogram = top_p_only & (short | (counts > _HISTOGRAM_FROM)) if sub_probs.dtype == np.float32 else None
+    if histogram is not None and histogram.any():
+        by_histogram = np.flatnonzero(histogram)
+        kept = _top_p_by_histogram(sub_probs[by_histogram], p[by_histogram], total[by_histogram])
+        wide = {int(r): ids_r for r, ids_r in zip(by_histogram, kept, strict=True)}
+        threshold = np.where(histogram, np.inf, threshold)
+        short &= ~histogram
+        flat, counts, cand_mass = _candidates(sub_probs, threshold)
+    if short.any():
+        threshold = np.where(short, _SMALLEST_POSITIVE, threshold)
         flat, counts, cand_mass = _candidates(sub_probs, threshold)
 
     # Candidates into a [R, C] table, sorted by decreasing probability; the zero padding sorts last.
     r_f = flat // vocab
-    width = int(counts.max())
+    width = max(int(counts.max()), 1)
     rank = np.arange(len(flat)) - np.repeat(np.cumsum(counts) - counts, counts)
     ids = np.zeros((len(rows), width), dtype=np.int64)
     vals = np.zeros((len(rows), width), dtype=probs.dtype)
@@ -400,18 +414,65 @@ def top_k_top_p_candidates(
     order = np.argsort(-vals, axis=-1, kind="stable")
     ids = np.take_along_axis(ids, order, axis=-1)
     vals = np.take_along_axis(vals, order, axis=-1)
+    if wide:
+        # Rows truncated by the histogram: their kept tokens in id order, already cut to top-p.
+        pad = max(map(len, wide.values())) - width
+        if pad > 0:
+            ids, vals = np.pad(ids, ((0, 0), (0, pad))), np.pad(vals, ((0, 0), (0, pad)))
+            width += pad
+        for r, ids_r in wide.items():
+            ids[r, :len(ids_r)] = ids_r
+            vals[r, :len(ids_r)] = sub_probs[r, ids_r]
+        p = p.copy()
+        p[list(wide)] = 1.0
 
     col = np.arange(width)
     vals = np.where(col < np.where(use_k, k, width)[:, None], vals, 0)
     if (p < 1.0).any():
         # top-p applies to the distribution left after top-k: the smallest prefix whose mass
         # reaches p (the first token always stays).
-        cum = np.cumsum(vals, axis=-1)
+        cum = np.cumsum(vals, axis=-1, dtype=np.float64)
         mass = cum[:, -1] if total is None else np.where(use_k, cum[:, -1], total)
         cum /= mass[:, None]
         cut = np.where(p < 1.0, (cum < p[:, None]).sum(axis=-1) + 1, width)
         vals = np.where(col < cut[:, None], vals, 0)
     return rows, ids, vals
+
+
+def _top_p_by_histogram(probs: np.ndarray, top_p: np.ndarray, total: np.ndarray) -> list[np.ndarray]:
+    """Per row of ``probs`` (float32, C-contiguous), the ids top-p keeps, ascending, without sorting the row.
+
+    The tokens are binned by the upper bits of their float32 pattern (monotonic in the value for
+    non-negative floats, so a bin spans ~3% of values); only the members of the bin where the
+    mass from the top reaches ``top_p`` of ``total`` (the row's float32 sum, as the sorted path
+    divides by) are sorted, so the kept set is the one of a full sort (ties: lower id first).
+    """
+    n, vocab = probs.shape
+    shift, bins = 18, 1 << 14
+    key = (probs.view(np.uint32) >> shift).astype(np.int64)
+    key += (np.arange(n, dtype=np.int64) * bins)[:, None]
+    mass = np.bincount(key.ravel(), weights=probs.ravel(), minlength=n * bins).reshape(n, bins)
+    from_top = np.cumsum(mass[:, ::-1], axis=-1)[:, ::-1]  # mass of the bins at or above each bin
+    target = top_p.astype(np.float64) * total
+    cut = (from_top >= target[:, None]).sum(axis=-1) - 1 + np.arange(n) * bins  # as a key
+    above = np.append(from_top.ravel(), 0.0)[cut + 1]
+    above[(cut + 1) % bins == 0] = 0.0  # the cut is a row's top bin
+    keep = key > cut[:, None]
+    # The cut bins' members, by row, decreasing value, then id; their running mass from the top.
+    members = np.flatnonzero(key == cut[:, None])
+    row = members // vocab
+    value = probs.ravel()[members]
+    order = np.lexsort((members, -value, row))
+    members, row, value = members[order], row[order], value[order].astype(np.float64)
+    running = np.cumsum(value)
+    first = np.searchsorted(row, np.arange(n))
+    running += (above - np.append(0.0, running)[first])[row]
+    before_target = np.bincount(row, weights=running / total[row] < top_p[row], minlength=n).astype(np.int64)
+    take = np.minimum(before_target + 1, np.bincount(row, minlength=n))
+    rank = np.arange(len(members)) - first[row]
+    keep.ravel()[members[rank < take[row]]] = True
+    keep &= probs > 0
+    return [np.flatnonzero(k) for k in keep]
 
 
 def _candidate_threshold(probs: np.ndarray, target: np.ndarray) -> np.ndarray:
