@@ -33,7 +33,9 @@ against the bf16 linear kernel, and the peak RSS of each configuration's engine 
 MoE rows (``--moe-only`` for just those): ``--moe-layers`` MoE layers at ERNIE-4.5-21B-A3B's and
 Qwen3-30B-A3B's shapes on dummy weights against dense SwiGLU layers with the same active
 parameters, batch 1 and 16, per expert format (``--moe-formats``: bf16, wint4, Q4_K; the dense
-layer in the same format).
+layer in the same format), with the weight bytes each step reads, the rate it reads them at, and
+at batch 16 ``moe_floor_over_dense``: the MoE step's bytes at the best rate of the format's
+batch-1 (memory-bound) layers, over the dense step.
 
     python benchmarks/benchmark_kernels.py --threads 1 2
 
@@ -382,6 +384,12 @@ def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_laye
         layers = [(gate, f.experts(h, 2 * inter, experts), f.experts(inter, h, experts),
                    (f.matrix(h, 2 * shared, True), f.matrix(shared, h, True)) if shared else None) for gate in gates]
         dense = [(f.matrix(h, 2 * dense_inter, True), f.matrix(dense_inter, h, True)) for _ in range(num_layers)]
+        # Weight bytes one step reads per layer (the hit experts', the shared experts', the dense layer's):
+        # over the step's time, the rate it streams them at.
+        _, w13, w2, shared_w = layers[0]
+        dense_bytes = _nbytes(dense[0])
+        moe_bytes = {batch: row[f"batch{batch}"]["experts_hit_per_layer"] * (_nbytes(w13) + _nbytes(w2)) / experts
+                     + (_nbytes(shared_w) if shared_w else 0) for batch in xs}
 
         def moe_step(x: paddle.Tensor, layers: list = layers, f: _MoeFormat = f, swiglu=swiglu) -> None:
             for gate, w13, w2, shared_w in layers:
@@ -403,10 +411,27 @@ def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_laye
                     step(x)
                     times[name].append((time.perf_counter() - t0) * 1e3)
             moe_ms, dense_ms = statistics.median(times["moe"]), statistics.median(times["dense"])
-            row[f"batch{batch}"][fmt] = {"moe_ms": round(moe_ms, 2), "dense_ms": round(dense_ms, 2),
-                                         "moe_over_dense": round(moe_ms / dense_ms, 2)}
+            row[f"batch{batch}"][fmt] = {
+                "moe_ms": round(moe_ms, 2), "dense_ms": round(dense_ms, 2), "moe_over_dense": round(moe_ms / dense_ms, 2),
+                "moe_weight_mb_per_layer": round(moe_bytes[batch] / 1e6, 1),
+                "dense_weight_mb_per_layer": round(dense_bytes / 1e6, 1),
+                "moe_gb_per_s": round(moe_bytes[batch] * num_layers / moe_ms / 1e6, 1),
+                "dense_gb_per_s": round(dense_bytes * num_layers / dense_ms / 1e6, 1)}
+            if batch > 1:
+                # The fastest the MoE step could be: its bytes at the best rate this format's batch-1
+                # layers (memory-bound) streamed at, over the dense step.
+                one = row["batch1"][fmt]
+                floor_ms = moe_bytes[batch] * num_layers / max(one["moe_gb_per_s"], one["dense_gb_per_s"]) / 1e6
+                row[f"batch{batch}"][fmt]["moe_floor_over_dense"] = round(floor_ms / dense_ms, 2)
         del layers, dense, moe_step, dense_step  # free this format's weights before the next one's
     return row
+
+
+def _nbytes(tensors) -> int:
+    """Bytes of a tensor or of a (nested) tuple of tensors."""
+    if isinstance(tensors, tuple | list):
+        return sum(_nbytes(t) for t in tensors)
+    return int(tensors.numel()) * tensors.element_size()
 
 
 # Real shapes (the released config.json files).
