@@ -365,8 +365,9 @@ def top_k_top_p_candidates(
 
     Returns:
         ``(rows, ids [R, C], kept [R, C])``: the truncated rows, their candidate tokens by
-        decreasing probability (ties: lower id first) and the kept probabilities (0 = dropped).
-        At least one token per row is kept.
+        decreasing probability (ties: lower id first; a row cut by the value histogram lists its
+        kept tokens by id instead) and the kept probabilities (0 = dropped). At least one token
+        per row is kept.
     """
     n, vocab = probs.shape
     k = np.zeros(n, dtype=np.int64) if top_k is None else np.asarray(top_k, dtype=np.int64)
@@ -454,7 +455,8 @@ def _top_p_by_histogram(probs: np.ndarray, top_p: np.ndarray, total: np.ndarray)
     mass = np.bincount(key.ravel(), weights=probs.ravel(), minlength=n * bins).reshape(n, bins)
     from_top = np.cumsum(mass[:, ::-1], axis=-1)[:, ::-1]  # mass of the bins at or above each bin
     target = top_p.astype(np.float64) * total
-    cut = (from_top >= target[:, None]).sum(axis=-1) - 1 + np.arange(n) * bins  # as a key
+    # (At least bin 0: a float32 total rounded above the bins' float64 sum must not wrap into the row before.)
+    cut = np.maximum((from_top >= target[:, None]).sum(axis=-1) - 1, 0) + np.arange(n) * bins  # as a key
     above = np.append(from_top.ravel(), 0.0)[cut + 1]
     above[(cut + 1) % bins == 0] = 0.0  # the cut is a row's top bin
     keep = key > cut[:, None]
