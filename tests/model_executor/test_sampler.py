@@ -253,6 +253,19 @@ def test_top_p_over_flat_rows_of_a_real_vocabulary_matches_the_reference(monkeyp
         assert 0 < kept < len(got[r, ties]) and got[r, ties][:kept].all()  # tied tokens kept by lower id first
 
 
+def test_top_p_histogram_rows_do_not_depend_on_the_batch():
+    rng = np.random.default_rng(1)
+    flat = rng.random((1, 8192)).astype(np.float32)
+    heavy = (rng.random((1, 8192)) * 1e30 + 1e30).astype(np.float32)  # unnormalised: its mass dwarfs the other's
+    for top_p in (0.5, 0.7, 0.9):
+        p = np.full(2, top_p, np.float32)
+        together = apply_top_k_top_p(np.concatenate([heavy, flat]), None, p)[1]
+        np.testing.assert_array_equal(together, apply_top_k_top_p(flat, None, p[:1])[0])
+    # A top_p that is 0 in float32 keeps the best token, as the sorted path does.
+    kept = apply_top_k_top_p(np.ones((1, 8192), np.float32), None, np.array([1e-46], np.float32))
+    assert np.flatnonzero(kept[0]).tolist() == [0]
+
+
 def test_inverse_cdf_sample_matches_searchsorted_and_skips_zero_weights():
     rng = np.random.default_rng(0)
     weights = rng.random((64, 3000)).astype(np.float32) * (rng.random((64, 3000)) < 0.3)

@@ -247,7 +247,11 @@ class GlobalSchedulerBridge:
 
     # ---- the bridge thread -------------------------------------------------------------------
     def _run(self, ctx: zmq.Context, output_address: str) -> None:
-        bind_current_thread(self.io_cores)
+        try:
+            bind_current_thread(self.io_cores)
+        except OSError as e:  # e.g. the cpuset changed since start-up: the engine's cores still work
+            logger.warning("Global scheduler bridge stays on the engine's cores: cannot bind to %s: %s",
+                           sorted(self.io_cores or ()), e)
         pair = self._pair = ctx.socket(zmq.PAIR)
         pair.setsockopt(zmq.LINGER, 0)
         pair.connect(self._address)

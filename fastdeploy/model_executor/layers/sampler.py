@@ -28,7 +28,7 @@ from fastdeploy import _custom_ops as ops
 
 _SAMPLING_EPS = 1e-5
 # Top-p without top-k first looks at about this many best tokens; only when they hold less than
-# top_p of the mass does it cut the whole row (by a histogram of its values, not a sort).
+# top_p of the mass does it cut the whole row (float32 rows by a histogram of their values, not a sort).
 _TOP_P_CANDIDATES = 1024
 # A top-p row with more candidates than this is cut by a histogram of its values instead of a sort.
 _HISTOGRAM_FROM = 4 * _TOP_P_CANDIDATES
@@ -446,7 +446,9 @@ def _top_p_by_histogram(probs: np.ndarray, top_p: np.ndarray, total: np.ndarray)
     The tokens are binned by the upper bits of their float32 pattern (monotonic in the value for
     non-negative floats, so a bin spans ~3% of values); only the members of the bin where the
     mass from the top reaches ``top_p`` of ``total`` (the row's float32 sum, as the sorted path
-    divides by) are sorted, so the kept set is the one of a full sort (ties: lower id first).
+    divides by) are sorted, so the kept set is the one of a full sort (ties: lower id first) up
+    to float64 rounding: the bins above the cut are summed in id order, not in value order. Each
+    row's result depends on that row alone.
     """
     n, vocab = probs.shape
     shift, bins = 18, 1 << 14
@@ -454,7 +456,8 @@ def _top_p_by_histogram(probs: np.ndarray, top_p: np.ndarray, total: np.ndarray)
     key += (np.arange(n, dtype=np.int64) * bins)[:, None]
     mass = np.bincount(key.ravel(), weights=probs.ravel(), minlength=n * bins).reshape(n, bins)
     from_top = np.cumsum(mass[:, ::-1], axis=-1)[:, ::-1]  # mass of the bins at or above each bin
-    target = top_p.astype(np.float64) * total
+    # A top_p that rounded to 0 in float32 still keeps the best token, as the sorted path does.
+    target = np.maximum(top_p.astype(np.float64) * total, np.finfo(np.float32).smallest_subnormal)
     # (At least bin 0: a float32 total rounded above the bins' float64 sum must not wrap into the row before.)
     cut = np.maximum((from_top >= target[:, None]).sum(axis=-1) - 1, 0) + np.arange(n) * bins  # as a key
     above = np.append(from_top.ravel(), 0.0)[cut + 1]
@@ -465,13 +468,17 @@ def _top_p_by_histogram(probs: np.ndarray, top_p: np.ndarray, total: np.ndarray)
     row = members // vocab
     value = probs.ravel()[members]
     order = np.lexsort((members, -value, row))
-    members, row, value = members[order], row[order], value[order].astype(np.float64)
-    running = np.cumsum(value)
+    members, row, value = members[order], row[order], value[order]
     first = np.searchsorted(row, np.arange(n))
-    running += (above - np.append(0.0, running)[first])[row]
+    rank = np.arange(len(members)) - first[row]
+    # Each row's running sum on its own (one sum over the batch would let other rows' mass round
+    # this row's low bits: its kept set would depend on the batch).
+    running = np.zeros((n, int(rank.max(initial=-1)) + 2))
+    running[:, 0] = above
+    running[row, rank + 1] = value
+    running = np.cumsum(running, axis=-1)[row, rank + 1]
     before_target = np.bincount(row, weights=running / total[row] < top_p[row], minlength=n).astype(np.int64)
     take = np.minimum(before_target + 1, np.bincount(row, minlength=n))
-    rank = np.arange(len(members)) - first[row]
     keep.ravel()[members[rank < take[row]]] = True
     keep &= probs > 0
     return [np.flatnonzero(k) for k in keep]
