@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
-from fastdeploy.entrypoints.openai.api_server import build_app
+from fastdeploy.entrypoints.openai.api_server import build_app, create_server_socket
 from fastdeploy.entrypoints.openai.cli_args import create_parser
 from fastdeploy.entrypoints.openai.protocol import PerRequestTimingMetrics
 
@@ -43,3 +45,26 @@ def test_per_request_timings_from_timestamps():
     assert one.mean_itl_ms is None and one.tokens_per_second == pytest.approx(1 / 0.5)
     missing = PerRequestTimingMetrics.from_timestamps(100.0, None, None, None, num_generation_tokens=3)
     assert missing.model_dump() == dict.fromkeys(missing.model_dump())
+
+
+def test_served_connections_send_without_nagle():
+    """A response's body must not wait for the client's delayed ACK of its headers (~40 ms)."""
+
+    async def accepted_nodelay() -> int:
+        listener = create_server_socket("127.0.0.1", 0)
+        seen: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        class Protocol(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                sock = transport.get_extra_info("socket")
+                seen.set_result(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+        server = await asyncio.get_running_loop().create_server(Protocol, sock=listener)
+        async with server:
+            _, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+            try:
+                return await asyncio.wait_for(seen, 10)
+            finally:
+                writer.close()
+
+    assert asyncio.run(accepted_nodelay()) != 0
