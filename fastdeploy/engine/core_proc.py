@@ -52,10 +52,15 @@ class EngineCoreProc:
     """Runs ``engine_core`` in a busy loop: drain requests, step while there is work, push outputs."""
 
     def __init__(self, engine_core: Any, input_address: str, output_address: str, parent_pid: int,
-                 bridge: GlobalSchedulerBridge | None = None) -> None:
+                 bridge: GlobalSchedulerBridge | None = None, io_cores: frozenset[int] | None = None) -> None:
         self.engine_core = engine_core
         self.parent_pid = parent_pid
         self.ctx = zmq.Context(io_threads=1)
+        # zmq's I/O thread starts with the first socket and would inherit the engine's cores,
+        # waking on them at every step's send; on the API process's cores (``io_cores``) it
+        # leaves the engine's threads alone. Set before any socket exists, or it does not apply.
+        for core in sorted(io_cores or ()):
+            self.ctx.set(zmq.THREAD_AFFINITY_CPU_ADD, core)
         self.input_socket = self.ctx.socket(zmq.PULL)
         self.input_socket.setsockopt(zmq.RCVHWM, 0)
         self.input_socket.connect(input_address)
@@ -107,7 +112,8 @@ class EngineCoreProc:
                     bridge.close()
                 ready_conn.send({"status": "FAILED", "error": f"{type(e).__name__}: {e}"})
                 raise
-            proc = EngineCoreProc(core, input_address, output_address, parent_pid, bridge)
+            proc = EngineCoreProc(core, input_address, output_address, parent_pid, bridge,
+                                  cpu_binding.api if cpu_binding else None)
             watch_ranks = getattr(getattr(core, "worker", None), "watch_ranks", None)
             if watch_ranks is not None:  # tensor-parallel ranks: one dying while idle fails the engine too
                 watch_ranks(proc.die)
