@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -28,7 +29,11 @@ def test_zmq_io_thread_runs_on_the_io_cores(tmp_path):
     proc = EngineCoreProc(object(), f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out", os.getpid(),
                           io_cores=frozenset({io_core}))
     try:
-        started = [tid for tid in _zmq_io_threads() if tid not in before]
+        # The thread names itself (and sets its affinity) once running, a moment after the socket
+        # that starts it: a look straight after the constructor can come before that.
+        deadline = time.monotonic() + 5
+        while not (started := [tid for tid in _zmq_io_threads() if tid not in before]) and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert started, "the context's I/O thread did not start with its sockets"
         assert all(os.sched_getaffinity(tid) == {io_core} for tid in started)
         assert len(os.sched_getaffinity(0)) >= 2  # the caller's own binding is untouched
