@@ -19,9 +19,9 @@ The first three dequantize the GGUF at load (``--quantization none``).
   and quantized at load by ``--quantization`` (csrc/cpu/int_gemm.cc; oneDNN's int8 matmul for w8a8;
   csrc/cpu/fp8_gemm.cc's e4m3 weights for fp8).
 
-``NAME@PATH`` (``wint8``, ``wint4``, ``fp8``) builds that format on another kernel path than the platform's
-(FD_CPU_INT_KERNEL's names, e.g. ``wint8@avx512-bf16`` beside ``wint8`` on an AMX CPU), so two paths take turns
-in one process. ``NAME/per-layer`` runs a configuration with one ``fd_decoder_layers`` call per layer instead
+``NAME@PATH`` (``gguf``, ``wint8``, ``wint4``, ``fp8``) builds that format on another kernel path than the
+platform's (FD_CPU_GGUF_KERNEL's / FD_CPU_INT_KERNEL's names, e.g. ``wint8@avx512-bf16`` beside ``wint8`` or
+``gguf@avx512-vnni`` beside ``gguf`` on an AMX CPU), so two paths take turns in one process. ``NAME/per-layer`` runs a configuration with one ``fd_decoder_layers`` call per layer instead
 of one for the whole model (how the fused layers ran before they took runs), e.g. ``gguf gguf/per-layer``
 measures what the custom-op dispatch costs per layer.
 
@@ -101,8 +101,9 @@ class Setup:
         model = {"model": hf_model()} if base in HF_CONFIGS else {}
         if name == "paddle-fp32":
             backend = set_op_backend(OpBackend())
-        elif path:  # another integer / fp8 kernel path than the platform's, in the same process
-            backend = set_op_backend(replace(get_op_backend(), int_gemm=path, fp8=path))
+        elif path:  # another GGUF / integer / fp8 kernel path than the platform's, in the same process
+            paths = {"gguf": path} if base == "gguf" else {"int_gemm": path, "fp8": path}
+            backend = set_op_backend(replace(get_op_backend(), **paths))
         else:
             backend = contextlib.nullcontext()
         with backend:
@@ -600,9 +601,9 @@ def run_child(threads: int, args: argparse.Namespace, *extra: str) -> dict:
 
 def _config_name(name: str) -> str:
     base, _, path = _split_per_layer(name)[0].partition("@")
-    if base not in CONFIGS or (path and base not in ("wint8", "wint4", "fp8")):
+    if base not in CONFIGS or (path and base not in ("gguf", "wint8", "wint4", "fp8")):
         raise argparse.ArgumentTypeError(f"{name!r}: a configuration is one of {', '.join(CONFIGS)}, and only "
-                                         "wint8 / wint4 / fp8 take @PATH; any may end in /per-layer")
+                                         "gguf / wint8 / wint4 / fp8 take @PATH; any may end in /per-layer")
     return name
 
 
@@ -610,14 +611,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), type=_config_name,
-                        help=f"of {', '.join(CONFIGS)}; NAME@PATH runs an integer / fp8 format on that kernel path "
-                             "(FD_CPU_INT_KERNEL's names, e.g. wint8@avx512-bf16) beside the platform's")
+                        help=f"of {', '.join(CONFIGS)}; NAME@PATH runs gguf / an integer / fp8 format on that kernel "
+                             "path (FD_CPU_GGUF_KERNEL's / FD_CPU_INT_KERNEL's names, e.g. wint8@avx512-bf16) beside "
+                             "the platform's")
     parser.add_argument("--context", type=int, default=256, help="context tokens of each decoding sequence")
     parser.add_argument("--prefill-len", type=int, default=256)
     parser.add_argument("--decode-steps", type=int, default=24)
     parser.add_argument("--output", default=os.path.join(os.path.dirname(__file__), "results", "kernels.json"))
     parser.add_argument("--moe-layers", type=int, default=2, help="layers of each MoE / dense row (~1.5 GB each)")
-    parser.add_argument("--moe-reps", type=int, default=10)
+    parser.add_argument("--moe-reps", type=int, default=10, help="timed MoE / dense steps per row; 0 leaves the rows out")
     parser.add_argument("--moe-formats", nargs="+", default=list(MOE_FORMATS), choices=list(MOE_FORMATS),
                         help="expert weight formats of the MoE rows (each with its dense layer in that format)")
     parser.add_argument("--moe-only", action="store_true", help="only the MoE-vs-dense rows (results/kernels_moe.json)")
@@ -678,7 +680,8 @@ def main() -> None:
                 figures = [k for k in res[name] if k.endswith("_ms")]
                 res[name]["speedup_vs_paddle_fp32"] = {k: round(base[k] / res[name][k], 2) for k in figures}
         res["gguf_formats"] = run_child(threads, args, "--child-task", "formats")
-        res["moe_vs_dense"] = run_child(threads, args, *moe_args)
+        if args.moe_reps > 0:
+            res["moe_vs_dense"] = run_child(threads, args, *moe_args)
         results[str(threads)] = res
         summary = {n: {k: v for k, v in r.items() if k != "samples"} for n, r in res.items() if isinstance(r, dict)}
         print(f"threads={threads}: {json.dumps(summary)}", flush=True)

@@ -8,7 +8,8 @@ FD_DEFAULT_MODEL        path of the model used when none is given (default: the 
 FD_CACHE_ROOT           where converted artefacts and the built C++ kernels are cached (default ~/.cache/fastdeploy).
 FD_CPU_KERNELS          "0" turns the C++ kernels (csrc/cpu) off: plain Paddle ops, float32 only (default "1").
 FD_CPU_GGUF_KERNEL      the block-kernel path of --quantization gguf: "auto" (default: the best this CPU runs,
-                        avx512-vnni > avx2 > scalar) or one of them by name; a path the CPU cannot run is refused.
+                        amx-int8 > avx512-vnni > avx2 > scalar) or one of them by name; a path the CPU cannot run
+                        is refused.
 FD_CPU_INT_KERNEL       the kernel path of the integer formats (--quantization wint8, wint4, w8a8, awq, gptq):
                         "auto" (default: the best this CPU runs, avx512-bf16 > avx512 > avx2 > scalar;
                         avx512-bf16 rounds a bf16 model's activations to bf16 for bf16 dot products; onednn,
@@ -113,8 +114,8 @@ def _kernel_path(name: str, paths: tuple[str, ...]) -> str:
 
 
 def cpu_gguf_kernel() -> str:
-    """FD_CPU_GGUF_KERNEL: the GGUF block-kernel path ("auto", "avx512-vnni", "avx2" or "scalar")."""
-    return _kernel_path("FD_CPU_GGUF_KERNEL", ("avx512-vnni", "avx2", "scalar"))
+    """FD_CPU_GGUF_KERNEL: the GGUF block-kernel path ("auto", "amx-int8", "avx512-vnni", "avx2" or "scalar")."""
+    return _kernel_path("FD_CPU_GGUF_KERNEL", ("amx-int8", "avx512-vnni", "avx2", "scalar"))
 
 
 def cpu_int_kernel() -> str:

@@ -108,17 +108,37 @@ inline float bf16_rounded_sum(const float* x, int64_t n) {
   return s;
 }
 
-// Whether this CPU and process can run AMX-BF16 tiles: the instructions, and Linux's permission
-// for the tile state, asked for once per process (oneDNN asks the same way).
-inline bool amx_bf16_usable() {
-  static const bool usable = [] {
-    __builtin_cpu_init();
-    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-bf16")) return false;
+// Whether Linux lets this process use the AMX tile state, asked for once per process (oneDNN
+// asks the same way).
+inline bool amx_tiles_permitted() {
+  static const bool permitted = [] {
     constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
     return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
   }();
-  return usable;
+  return permitted;
 }
+
+// Whether this CPU and process can run AMX-BF16 tiles.
+inline bool amx_bf16_usable() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") && amx_tiles_permitted();
+}
+
+// Whether this CPU and process can run AMX-INT8 tiles.
+inline bool amx_int8_usable() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-int8") && amx_tiles_permitted();
+}
+
+// An AMX tile configuration (palette 1): per tile register its bytes per row and its rows; what
+// _tile_loadconfig reads. Plain data, so any translation unit may fill one.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
 
 inline void check_cpu_contiguous(const paddle::Tensor& t, const char* name) {
   PD_CHECK(t.is_cpu(), std::string(name) + " must be a CPU tensor.");

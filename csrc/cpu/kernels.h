@@ -35,7 +35,7 @@ void panel_gemm(const float* x, int64_t m, int64_t k, const void* packed, bool b
 // gguf_gemm.cc: out[m, n] = x[m, k] @ W^T (+ bias) from GGUF blocks. W is the rows of
 // consecutive segments, each `rows` rows of one ggml type (segments: (type, rows) pairs),
 // packed by gguf_pack; activations are quantized per 32 elements to int8. isa: one of the paths below.
-enum GgufIsa : int { kGgufScalar = 0, kGgufAvx2 = 1, kGgufAvx512Vnni = 2 };
+enum GgufIsa : int { kGgufScalar = 0, kGgufAvx2 = 1, kGgufAvx512Vnni = 2, kGgufAmxInt8 = 3 };
 // Bytes of one row of k elements of ggml type `type`; -1 without a kernel or for a k off its block.
 int64_t gguf_row_bytes(int type, int64_t k);
 // Bytes of `rows` such rows in the kernel's packed layout; -1 as gguf_row_bytes.

@@ -37,14 +37,6 @@ inline int64_t prepare_pairs(const float* x, int64_t m, int64_t k, bool amx, std
   return ldx;
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Row tiles of `rows` rows (a call of 16 rows or fewer configures just its rows: a decode step's
 // multiplies then cost its rows only).
 inline void configure(int rows) {

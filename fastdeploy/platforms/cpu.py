@@ -49,10 +49,12 @@ def _paddle_fused_rms_norm_works() -> bool:
 
 
 def gguf_kernel_paths() -> list[str]:
-    """The GGUF block-kernel paths this CPU can run, best first: integer dot products on
-    AVX512-VNNI (``vpdpbusd``), on AVX2 (``vpmaddubsw``), plain C++."""
+    """The GGUF block-kernel paths this CPU can run, best first: AMX-INT8 tiles for whole 16-row tiles
+    (``tdpbsud``; the other rows, and steps of fewer rows, on VNNI registers, with the same bits), integer
+    dot products on AVX512-VNNI (``vpdpbusd``), on AVX2 (``vpmaddubsw``), plain C++."""
     flags = cpu_flags()
     paths = ["avx512-vnni"] if {"avx512_vnni", "avx512bw", "avx512vl"} <= flags else []
+    paths = (["amx-int8"] if paths and {"amx_tile", "amx_int8"} <= flags else []) + paths
     return paths + (["avx2"] if cpu_has_avx2_fma() and "f16c" in flags else []) + ["scalar"]
 
 

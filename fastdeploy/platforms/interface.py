@@ -48,7 +48,7 @@ class OpBackend:
     decoder_layer: bool = False
     # The instruction set the kernels were built for, for logs ("AVX512-BF16", "AVX2", ...).
     isa: str = ""
-    # GGUF block kernels (--quantization gguf, csrc/cpu/gguf_gemm.cc): "avx512-vnni", "avx2", "scalar"
+    # GGUF block kernels (--quantization gguf, csrc/cpu/gguf_gemm.cc): "amx-int8", "avx512-vnni", "avx2", "scalar"
     # or "paddle" (not built: the format is refused).
     gguf: str = "paddle"
     # Integer weight kernels (wint8 / wint4 / awq / gptq): "onednn" (csrc/cpu/linear.cc's weight

@@ -56,7 +56,7 @@ def linear(x, w, segments, path, bias=None):
 def test_matches_dequantized_weights_times_quantized_activations(qtype, path):
     w = random_blocks(qtype, N, K)
     wd = dequantize(w, qtype).astype(np.float64)
-    for m in (1, 2, 3, 5, 7, 16, 33):  # every row-tile height and remainder
+    for m in (1, 2, 3, 5, 7, 16, 33, 70):  # every row-tile height and remainder (70: AMX's tiles and VNNI's)
         x = rng.standard_normal((m, K)).astype(np.float32)
         got = linear(x, w, [int(qtype), N], path)
         want = as_kernel_sees(x).astype(np.float64) @ wd.T
@@ -99,6 +99,20 @@ def test_a_row_is_independent_of_the_batch_and_the_thread_count(qtype, path):
         np.testing.assert_array_equal(linear(x, w, [int(qtype), n], path), batch)
     finally:
         _set_omp_threads(2)
+
+
+@pytest.mark.skipif("amx-int8" not in PATHS, reason="this CPU has no AMX-INT8")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_amx_tiles_give_the_vnni_paths_bits(qtype):
+    """amx-int8 multiplies whole 16-row tiles on AMX and the other rows on VNNI registers: every row is
+    the VNNI path's bit for bit, so a row never depends on which unit computed it."""
+    n = 45  # two full column tiles and a part-filled one
+    w = random_blocks(qtype, n, K)
+    bias = rng.standard_normal(n).astype(np.float32)
+    for m in (63, 64, 65, 80, 97):  # AMX takes calls of 64 rows or more, and their whole 16-row tiles
+        x = rng.standard_normal((m, K)).astype(np.float32)
+        np.testing.assert_array_equal(linear(x, w, [int(qtype), n], "amx-int8", bias),
+                                      linear(x, w, [int(qtype), n], "avx512-vnni", bias), err_msg=f"M={m}")
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -154,7 +154,7 @@ def test_fd_cpu_gguf_kernel_picks_the_gguf_path(monkeypatch):
         monkeypatch.setenv("FD_CPU_GGUF_KERNEL", path)
         assert gguf_kernel_path() == path
     monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx9")
-    with pytest.raises(ValueError, match="FD_CPU_GGUF_KERNEL must be auto, avx512-vnni, avx2 or scalar"):
+    with pytest.raises(ValueError, match="FD_CPU_GGUF_KERNEL must be auto, amx-int8, avx512-vnni, avx2 or scalar"):
         gguf_kernel_path()
     # A path this CPU cannot run, whatever CPU runs the test: an AVX2-only one is made up.
     import fastdeploy.platforms.cpu as cpu
@@ -162,6 +162,13 @@ def test_fd_cpu_gguf_kernel_picks_the_gguf_path(monkeypatch):
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
     monkeypatch.setattr(cpu, "cpu_has_avx2_fma", lambda: True)
     assert gguf_kernel_paths() == ["avx2", "scalar"]
+    # AMX-INT8 comes first where the CPU has it, with VNNI after it (it runs the rows AMX leaves).
+    vnni = {"avx2", "fma", "f16c", "avx512_vnni", "avx512bw", "avx512vl"}
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(vnni | {"amx_tile", "amx_int8"}))
+    assert gguf_kernel_paths() == ["amx-int8", "avx512-vnni", "avx2", "scalar"]
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(vnni | {"amx_tile", "amx_bf16"}))
+    assert gguf_kernel_paths() == ["avx512-vnni", "avx2", "scalar"]
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
     monkeypatch.setenv("FD_CPU_GGUF_KERNEL", "avx512-vnni")
     with pytest.raises(ValueError, match="FD_CPU_GGUF_KERNEL=avx512-vnni cannot run on this CPU; it runs: avx2, scalar"):
         gguf_kernel_path()

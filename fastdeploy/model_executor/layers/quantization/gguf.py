@@ -40,7 +40,7 @@ logger = init_logger(__name__)
 # ggml type id -> name, for the types the block kernels multiply.
 GGUF_KERNEL_TYPES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 # The platform's kernel path names (OpBackend.gguf) -> the op's isa argument.
-KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512-vnni": 2}
+KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512-vnni": 2, "amx-int8": 3}
 
 
 def check_blocks(loaded: Any, where: str, shape: tuple[int, int]) -> GGUFBlocks:
@@ -118,7 +118,7 @@ def pack_blocks(data: np.ndarray, ggml_type: int, rows: int, k: int) -> paddle.T
 class GGUFConfig(QuantizationConfig):
     """``--quantization gguf``: a GGUF file's matrices kept in their blocks, multiplied by the block kernels.
 
-    The kernel path ("avx512-vnni", "avx2", "scalar") is the platform's choice (``FD_CPU_GGUF_KERNEL``).
+    The kernel path ("amx-int8", "avx512-vnni", "avx2", "scalar") is the platform's choice (``FD_CPU_GGUF_KERNEL``).
 
     Raises:
         RuntimeError: the block kernels are not built here (the reason is logged by the kernel loader).
