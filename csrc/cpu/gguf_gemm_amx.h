@@ -19,11 +19,7 @@ namespace amx {
 
 constexpr int kTileRows = 16;
 constexpr int64_t kMinRows = 64;  // the rows of a call below which gguf_gemm keeps to the VNNI tiles
-constexpr int64_t kSubDecoded = 512;
-#ifndef FD_AMX_LAG
-#define FD_AMX_LAG 3
-#endif
-constexpr int64_t kLag = FD_AMX_LAG;  // a sub-block's quants as 8 tile rows of 64 bytes
+constexpr int64_t kSubDecoded = 512;  // a sub-block's quants as 8 tile rows of 64 bytes
 
 // Elements one weight scale covers: what one tile multiply sums.
 template <class B>
