@@ -583,22 +583,77 @@ struct Ops {
 #include "gguf_gemm_amx.h"
 #pragma GCC pop_options
 
-// quantize_row in 512-bit registers: the same float operations, so the same values.
+// Lane i of the result: v[i]'s 16 lanes combined by `op`, which must not depend on the order
+// (max, integer addition). A tree of 30 shuffles and 15 ops for 16 rows, where 16 horizontal
+// reductions take 64 of each.
+template <class Op>
+inline __m512 reduce_rows16(const __m512 v[16], Op op) {
+  __m512 a[8], b[4], c[2];
+  // a[i], per 128-bit lane: v[2i] and v[2i + 1] reduced to two lanes each, interleaved.
+  for (int i = 0; i < 8; ++i) a[i] = op(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  // b[i], per 128-bit lane: that lane's total of v[4i] .. v[4i + 3].
+  for (int i = 0; i < 4; ++i) {
+    b[i] = op(_mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+              _mm512_shuffle_ps(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  // c[i]: 128-bit lanes 0|1 and 2|3 combined, for b[2i] then b[2i + 1].
+  for (int i = 0; i < 2; ++i) {
+    c[i] = op(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+              _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  }
+  return op(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// quantize_row in 512-bit registers, 16 blocks at a time: the same float operations on each block
+// (the maxima and integer sums are exact in any order), so the same values. One block's horizontal
+// max and two sums per block took ~12 ns, 5% of a 256-token prefill.
 void quantize_row(const float* x, int64_t k, int8_t* q, float* d, float* half_sums, float* block_sums) {
-  for (int64_t s = 0; s < k / 32; ++s) {
-    const __m512 a = _mm512_loadu_ps(x + s * 32), b = _mm512_loadu_ps(x + s * 32 + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    const float dx = amax / 127.0f;
-    const __m512 inv = _mm512_set1_ps(dx != 0.0f ? 1.0f / dx : 0.0f);
-    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    const __m512i qa = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(a, inv), kNearest));
-    const __m512i qb = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(b, inv), kNearest));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + s * 32), _mm512_cvtepi32_epi8(qa));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + s * 32 + 16), _mm512_cvtepi32_epi8(qb));
-    d[s] = dx;
-    half_sums[2 * s] = dx * static_cast<float>(_mm512_reduce_add_epi32(qa));
-    half_sums[2 * s + 1] = dx * static_cast<float>(_mm512_reduce_add_epi32(qb));
-    block_sums[s] = half_sums[2 * s] + half_sums[2 * s + 1];
+  const auto max_op = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
+  const auto add_op = [](__m512 a, __m512 b) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  };
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const int64_t subs = k / 32;
+  for (int64_t s0 = 0; s0 < subs; s0 += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(16, subs - s0));
+    const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1u);
+    const float* xs = x + s0 * 32;
+    __m512 v[16];
+    for (int j = 0; j < 16; ++j) {
+      v[j] = j < n ? _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(xs + j * 32)), _mm512_abs_ps(_mm512_loadu_ps(xs + j * 32 + 16)))
+                   : _mm512_setzero_ps();
+    }
+    const __m512 dx = _mm512_div_ps(reduce_rows16(v, max_op), _mm512_set1_ps(127.0f));
+    const __m512 inv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(dx, _mm512_setzero_ps(), _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), dx);
+    alignas(64) float inv_s[16];
+    _mm512_store_ps(inv_s, inv);
+    __m512 lo[16], hi[16];  // each block's two halves of q, as int32 lanes
+    for (int j = 0; j < 16; ++j) {
+      if (j >= n) {
+        lo[j] = hi[j] = _mm512_setzero_ps();
+        continue;
+      }
+      const __m512 iv = _mm512_set1_ps(inv_s[j]);
+      const __m512i qa = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xs + j * 32), iv), kNearest));
+      const __m512i qb = _mm512_cvtps_epi32(_mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xs + j * 32 + 16), iv), kNearest));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + (s0 + j) * 32), _mm512_cvtepi32_epi8(qa));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + (s0 + j) * 32 + 16), _mm512_cvtepi32_epi8(qb));
+      lo[j] = _mm512_castsi512_ps(qa);
+      hi[j] = _mm512_castsi512_ps(qb);
+    }
+    const __m512 h0 = _mm512_mul_ps(dx, _mm512_cvtepi32_ps(_mm512_castps_si512(reduce_rows16(lo, add_op))));
+    const __m512 h1 = _mm512_mul_ps(dx, _mm512_cvtepi32_ps(_mm512_castps_si512(reduce_rows16(hi, add_op))));
+    _mm512_mask_storeu_ps(d + s0, valid, dx);
+    _mm512_mask_storeu_ps(block_sums + s0, valid, _mm512_add_ps(h0, h1));
+    // (h0, h1) pairs in order: lanes 0-7 of each interleaved, then lanes 8-15.
+    const __m512i first = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+    _mm512_mask_storeu_ps(half_sums + 2 * s0, static_cast<__mmask16>(n >= 8 ? 0xffff : (1u << (2 * n)) - 1u),
+                          _mm512_permutex2var_ps(h0, first, h1));
+    if (n > 8) {
+      _mm512_mask_storeu_ps(half_sums + 2 * s0 + 16, static_cast<__mmask16>((1u << (2 * (n - 8))) - 1u),
+                            _mm512_permutex2var_ps(h0, second, h1));
+    }
   }
 }
 

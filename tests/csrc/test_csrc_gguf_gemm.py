@@ -12,7 +12,7 @@ import ctypes
 import numpy as np
 import paddle
 import pytest
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from fastdeploy import _custom_ops as ops
@@ -61,6 +61,23 @@ def test_matches_dequantized_weights_times_quantized_activations(qtype, path):
         got = linear(x, w, [int(qtype), N], path)
         want = as_kernel_sees(x).astype(np.float64) @ wd.T
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=f"M={m}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("blocks", [1, 15, 17, 18, 24, 33])
+def test_activation_blocks_in_any_number(blocks, path):
+    """The VNNI paths quantize a row's activations 16 blocks at a time: K of one block, of a part-filled
+    last group (the default model's 576 = 18 blocks; 768 = 24 for the K-quants, whose terms use the
+    half-block sums) and an all-zero block give the reference's values."""
+    k = 32 * blocks
+    for qtype in [t for t in TYPES if k % GGML_QUANT_SIZES[t][0] == 0]:
+        w = random_blocks(qtype, N, k)
+        wd = dequantize(w, qtype).astype(np.float64)
+        x = (rng.standard_normal((5, k)) * np.array([[1e-3], [1.0], [40.0], [1.0], [7.0]])).astype(np.float32)
+        x[3, -32:] = 0.0
+        got = linear(x, w, [int(qtype), N], path)
+        want = as_kernel_sees(x).astype(np.float64) @ wd.T
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=qtype.name)
 
 
 @pytest.mark.parametrize("path", PATHS)
