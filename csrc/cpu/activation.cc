@@ -4,6 +4,13 @@
 #include "cpu_utils.h"
 #include "kernels.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+namespace {
+#include "exp_approx16_impl.h"
+}  // namespace
+#endif
+
 namespace fastdeploy_cpu {
 
 void silu_and_mul(const float* x, int64_t rows, int64_t d, float* out) {
@@ -12,8 +19,19 @@ void silu_and_mul(const float* x, int64_t rows, int64_t d, float* out) {
     const float* gate = x + r * 2 * d;
     const float* up = gate + d;
     float* dst = out + r * d;
+    int64_t i = 0;  // the first element the loop at the end takes
+#if defined(__AVX512F__)
+    // 16 lanes a step: GCC's auto-vectorized loop below ran 8 lanes (its preferred width on these
+    // CPUs) and took ~3.5 cycles an element, 3% of a 256-token prefill.
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= d; i += 16) {
+      const __m512 g = _mm512_loadu_ps(gate + i);
+      const __m512 e = exp_approx16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_loadu_ps(up + i)));
+    }
+#endif
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) dst[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+    for (int64_t j = i; j < d; ++j) dst[j] = gate[j] / (1.0f + exp_approx(-gate[j])) * up[j];
   }
 }
 
