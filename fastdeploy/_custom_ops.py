@@ -239,18 +239,17 @@ def weight_only_linear(x: paddle.Tensor, packed: paddle.Tensor, scales: paddle.T
     return _run("fd_weight_only_linear", x, packed, scales, bias, n, group)[0]
 
 
-def w8a8_pack(weight: paddle.Tensor, group: int) -> paddle.Tensor:
-    """int8 ``[K, N]`` weights reordered for oneDNN's int8 matmul batched over ``ceil(K / group)`` groups of
-    ``group`` rows (K zero-padded; uint8 bytes for :func:`w8a8_linear`)."""
-    return _run("fd_w8a8_pack", weight, group)[0]
+def w8a8_pack(weight: paddle.Tensor, wscale: paddle.Tensor, wsum: paddle.Tensor, group: int) -> paddle.Tensor:
+    """One uint8 buffer for :func:`w8a8_linear` and the fused decoder layers: int8 ``[K, N]`` weights reordered
+    for oneDNN's int8 matmul batched over ``G = ceil(K / group)`` groups of ``group`` rows (K zero-padded), then
+    their scales ``wscale [G, N]`` (fp32) and column sums ``wsum [G, N]`` (int32, for the zero points)."""
+    return _run("fd_w8a8_pack", weight, wscale, wsum, group)[0]
 
 
-def w8a8_linear(x: paddle.Tensor, packed: paddle.Tensor, wscale: paddle.Tensor, wsum: paddle.Tensor,
-                bias: paddle.Tensor | None, n: int, group: int) -> paddle.Tensor:
+def w8a8_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None, n: int, group: int) -> paddle.Tensor:
     """W8A8 on oneDNN: each row's groups of ``group`` columns of ``x`` quantized to u8 with their own scale and
-    zero point, times int8 weights with scales ``wscale [G, N]`` and column sums ``wsum [G, N]`` (int32, for
-    the zero points) per group of K rows."""
-    return _run("fd_w8a8_linear", x, packed, wscale, wsum, bias, n, group)[0]
+    zero point, times the int8 weights of :func:`w8a8_pack`'s buffer ``weight``."""
+    return _run("fd_w8a8_linear", x, weight, bias, n, group)[0]
 
 
 def w8a8_linear_portable(x: paddle.Tensor, weight: paddle.Tensor, wscale: paddle.Tensor, wsum: paddle.Tensor,

@@ -81,6 +81,11 @@ void quantize_rows_u8(const float* x, int64_t m, int64_t k, int64_t group, uint8
                       int32_t* zero);
 void w8a8_epilogue(const int32_t* acc, int64_t m, int64_t n, int64_t groups, const float* xscale,
                    const int32_t* xzero, const float* wscale, const int32_t* wsum, const float* bias, float* out);
+// linear.cc: W8A8's weight as one buffer (fd_w8a8_pack: oneDNN's packed [G, group, N] int8, then
+// wscale [G, N] float32 and wsum [G, N] int32), its size (-1: no such shape), and x [M, K] @ it (+ bias).
+int64_t w8a8_weight_bytes(int64_t k, int64_t n, int64_t group);
+void w8a8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, const float* bias, int64_t n,
+                  int64_t group, float* out);
 // The ops' checks of group (1..K), wscale [G, N] float32, wsum [G, N] int32 and the optional bias [N] float32.
 void check_w8a8_operands(const paddle::Tensor& wscale, const paddle::Tensor& wsum,
                          const paddle::optional<paddle::Tensor>& bias, int64_t k, int64_t n, int64_t group,

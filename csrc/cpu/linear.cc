@@ -360,38 +360,21 @@ PD_BUILD_OP(fd_linear)
 // a row's result is the same whatever M is, so no M = 1 special case is needed); w8a8_epilogue
 // then scales and adds the groups into fp32.
 
-// weight int8 [K, N] -> packed bytes for fd_w8a8_linear: [G, group, N] with K zero-padded to G * group.
-std::vector<paddle::Tensor> W8A8Pack(const paddle::Tensor& weight, int64_t group) {
-  fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
-  fastdeploy_cpu::check_dtype(weight, paddle::DataType::INT8, "weight");
-  PD_CHECK(weight.shape().size() == 2, "fd_w8a8_pack: weight must be [K, N].");
-  const int64_t k = weight.shape()[0], n = weight.shape()[1];
-  PD_CHECK(group > 0 && group <= std::max<int64_t>(k, 1), "fd_w8a8_pack: group must be in 1..K.");
-  const int64_t groups = fastdeploy_cpu::w8a8_groups(k, group);
-  std::vector<int8_t> padded(groups * group * n, 0);
-  std::copy(weight.data<int8_t>(), weight.data<int8_t>() + k * n, padded.begin());
-  memory::desc packed_md = w8a8_weight_desc(groups, group, n);
-  auto packed = paddle::empty({static_cast<int64_t>(packed_md.get_size())}, paddle::DataType::UINT8, weight.place());
-  memory src(memory::desc({groups, group, n}, dt::s8, tag::abc), cpu_engine(), padded.data());
-  memory dst(packed_md, cpu_engine(), packed.data());
-  dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
-  cpu_stream().wait();
-  return {packed};
+namespace fastdeploy_cpu {
+
+int64_t w8a8_weight_bytes(int64_t k, int64_t n, int64_t group) {
+  if (k <= 0 || n <= 0 || group <= 0 || group > k) return -1;
+  const int64_t groups = w8a8_groups(k, group);
+  return static_cast<int64_t>(w8a8_weight_desc(groups, group, n).get_size()) + groups * n * 8;
 }
 
-// x [..., K] float32, packed int8 weight, wscale [G, N] float32, wsum [G, N] int32 (each group's
-// column sums), optional bias [N] -> [..., N] float32.
-std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Tensor& packed,
-                                       const paddle::Tensor& wscale, const paddle::Tensor& wsum,
-                                       const paddle::optional<paddle::Tensor>& bias, int64_t n, int64_t group) {
-  fastdeploy_cpu::check_cpu_contiguous(packed, "packed");
-  const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_w8a8_linear");
-  fastdeploy_cpu::check_w8a8_operands(wscale, wsum, bias, k, n, group, "fd_w8a8_linear");
-  const int64_t groups = fastdeploy_cpu::w8a8_groups(k, group);
-  PD_CHECK(packed.numel() == static_cast<int64_t>(w8a8_weight_desc(groups, group, n).get_size()),
-           "fd_w8a8_linear: the packed weight does not match [K, N] in groups of `group`.");
-  auto out = fastdeploy_cpu::linear_output(x, n);
-  if (m == 0) return {out};
+void w8a8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, const float* bias, int64_t n,
+                  int64_t group, float* out) {
+  if (m == 0) return;
+  const int64_t groups = w8a8_groups(k, group);
+  const memory::desc packed_md = w8a8_weight_desc(groups, group, n);
+  const float* wscale = reinterpret_cast<const float*>(weight + packed_md.get_size());
+  const int32_t* wsum = reinterpret_cast<const int32_t*>(wscale + groups * n);
   // One group: all rows at once, the sums straight into the output. Several: chunks of rows whose
   // [G, rows, N] int32 sums stay near kW8A8SumsPerChunk elements, read back while still cached.
   constexpr int64_t kW8A8SumsPerChunk = int64_t(1) << 20;
@@ -406,31 +389,69 @@ std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Te
   auto& eng = cpu_engine();
   for (int64_t r0 = 0; r0 < m; r0 += chunk) {
     const int64_t rows = std::min(chunk, m - r0);
-    float* o = out.data<float>() + r0 * n;
-    fastdeploy_cpu::quantize_rows_u8(x.data<float>() + r0 * k, rows, k, group, q.data(), xscale.data(), xzero.data());
+    float* o = out + r0 * n;
+    quantize_rows_u8(x + r0 * k, rows, k, group, q.data(), xscale.data(), xzero.data());
     CachedMatmul mm = matmul_cache().get({rows, group, n, static_cast<int>(dt::s8), false, omp_get_max_threads(), 0,
                                           groups});
     void* acc = groups == 1 ? static_cast<void*>(o) : static_cast<void*>(sums.data());
     memory src_m(mm.src, eng, q.data());
-    memory w_m(mm.weights, eng, const_cast<void*>(packed.data()));
+    memory w_m(mm.weights, eng, const_cast<uint8_t*>(weight));
     memory dst_m(mm.dst, eng, acc);
     mm.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, src_m}, {DNNL_ARG_WEIGHTS, w_m}, {DNNL_ARG_DST, dst_m}});
     cpu_stream().wait();
-    fastdeploy_cpu::w8a8_epilogue(static_cast<const int32_t*>(acc), rows, n, groups, xscale.data(), xzero.data(),
-                                  wscale.data<float>(), wsum.data<int32_t>(),
-                                  bias.is_initialized() ? bias->data<float>() : nullptr, o);
+    w8a8_epilogue(static_cast<const int32_t*>(acc), rows, n, groups, xscale.data(), xzero.data(), wscale, wsum, bias, o);
   }
+}
+
+}  // namespace fastdeploy_cpu
+
+// weight int8 [K, N], wscale [G, N] float32, wsum [G, N] int32 -> one uint8 buffer for fd_w8a8_linear and
+// fd_decoder_layers (dtype "w8a8"): the weights as [G, group, N] (K zero-padded to G * group) in oneDNN's
+// layout, then the scales, then the column sums.
+std::vector<paddle::Tensor> W8A8Pack(const paddle::Tensor& weight, const paddle::Tensor& wscale,
+                                     const paddle::Tensor& wsum, int64_t group) {
+  fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
+  fastdeploy_cpu::check_dtype(weight, paddle::DataType::INT8, "weight");
+  PD_CHECK(weight.shape().size() == 2, "fd_w8a8_pack: weight must be [K, N].");
+  const int64_t k = weight.shape()[0], n = weight.shape()[1];
+  fastdeploy_cpu::check_w8a8_operands(wscale, wsum, paddle::optional<paddle::Tensor>(), k, n, group, "fd_w8a8_pack");
+  const int64_t groups = fastdeploy_cpu::w8a8_groups(k, group);
+  std::vector<int8_t> padded(groups * group * n, 0);
+  std::copy(weight.data<int8_t>(), weight.data<int8_t>() + k * n, padded.begin());
+  memory::desc packed_md = w8a8_weight_desc(groups, group, n);
+  auto packed = paddle::empty({fastdeploy_cpu::w8a8_weight_bytes(k, n, group)}, paddle::DataType::UINT8, weight.place());
+  memory src(memory::desc({groups, group, n}, dt::s8, tag::abc), cpu_engine(), padded.data());
+  memory dst(packed_md, cpu_engine(), packed.data());
+  dnnl::reorder(src, dst).execute(cpu_stream(), src, dst);
+  cpu_stream().wait();
+  uint8_t* tail = packed.data<uint8_t>() + packed_md.get_size();
+  std::memcpy(tail, wscale.data<float>(), groups * n * sizeof(float));
+  std::memcpy(tail + groups * n * sizeof(float), wsum.data<int32_t>(), groups * n * sizeof(int32_t));
+  return {packed};
+}
+
+// x [..., K] float32, the buffer of fd_w8a8_pack, optional bias [N] -> [..., N] float32.
+std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Tensor& weight,
+                                       const paddle::optional<paddle::Tensor>& bias, int64_t n, int64_t group) {
+  fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
+  const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_w8a8_linear");
+  PD_CHECK(group > 0 && group <= std::max<int64_t>(k, 1), "fd_w8a8_linear: group must be in 1..K.");
+  PD_CHECK(weight.numel() == fastdeploy_cpu::w8a8_weight_bytes(k, n, group),
+           "fd_w8a8_linear: the packed weight does not match [K, N] in groups of `group`.");
+  const float* bias_data = fastdeploy_cpu::optional_bias(bias, n, "fd_w8a8_linear");
+  auto out = fastdeploy_cpu::linear_output(x, n);
+  fastdeploy_cpu::w8a8_forward(x.data<float>(), m, k, weight.data<uint8_t>(), bias_data, n, group, out.data<float>());
   return {out};
 }
 
 PD_BUILD_OP(fd_w8a8_pack)
-    .Inputs({"weight"})
+    .Inputs({"weight", "wscale", "wsum"})
     .Outputs({"packed"})
     .Attrs({"group: int64_t"})
     .SetKernelFn(PD_KERNEL(W8A8Pack));
 
 PD_BUILD_OP(fd_w8a8_linear)
-    .Inputs({"x", "packed", "wscale", "wsum", paddle::Optional("bias")})
+    .Inputs({"x", "weight", paddle::Optional("bias")})
     .Outputs({"out"})
     .Attrs({"n: int64_t", "group: int64_t"})
     .SetKernelFn(PD_KERNEL(W8A8Linear));

@@ -53,8 +53,8 @@ def w8a8(x, q, s, path, group=K, bias=None):
     b = None if bias is None else paddle.to_tensor(bias)
     wsum = paddle.to_tensor(group_sums(q, group))
     if path == "onednn":
-        packed = ops.w8a8_pack(paddle.to_tensor(q), group)
-        return ops.w8a8_linear(paddle.to_tensor(x), packed, paddle.to_tensor(s), wsum, b, q.shape[1], group).numpy()
+        packed = ops.w8a8_pack(paddle.to_tensor(q), paddle.to_tensor(s), wsum, group)
+        return ops.w8a8_linear(paddle.to_tensor(x), packed, b, q.shape[1], group).numpy()
     return ops.w8a8_linear_portable(paddle.to_tensor(x), paddle.to_tensor(np.ascontiguousarray(q.T)),
                                     paddle.to_tensor(s), wsum, b, group).numpy()
 
@@ -149,20 +149,23 @@ def test_an_empty_batch_and_a_leading_shape(path):
 def test_bad_operands_are_refused():
     q, s = quantize_int8_groups(rng.standard_normal((K, N)).astype(np.float32), 128)
     x = paddle.to_tensor(rng.standard_normal((2, K)).astype(np.float32))
-    packed = ops.w8a8_pack(paddle.to_tensor(q), 128)
     wsum = group_sums(q, 128)
+    qt, st = paddle.to_tensor(q), paddle.to_tensor(s)
+    packed = ops.w8a8_pack(qt, st, paddle.to_tensor(wsum), 128)
     with pytest.raises(Exception, match="wsum must have G \\* N elements"):
-        ops.w8a8_linear(x, packed, paddle.to_tensor(s), paddle.to_tensor(wsum[:-1]), None, N, 128)
+        ops.w8a8_pack(qt, st, paddle.to_tensor(wsum[:-1]), 128)
     with pytest.raises(Exception, match="wscale must have G \\* N elements"):  # scales of another group size
-        ops.w8a8_linear(x, packed, paddle.to_tensor(s), paddle.to_tensor(wsum), None, N, 64)
+        ops.w8a8_pack(qt, st, paddle.to_tensor(wsum), 64)
     with pytest.raises(Exception, match="wsum has the wrong dtype"):
-        ops.w8a8_linear(x, packed, paddle.to_tensor(s), paddle.to_tensor(wsum.astype(np.int64)), None, N, 128)
+        ops.w8a8_pack(qt, st, paddle.to_tensor(wsum.astype(np.int64)), 128)
     with pytest.raises(Exception, match="the packed weight does not match"):  # K = 256: 2 groups, packed for 3
-        ops.w8a8_linear(x[:, :-64], packed, paddle.to_tensor(s[:2]), paddle.to_tensor(wsum[:2]), None, N, 128)
+        ops.w8a8_linear(x[:, :-64], packed, None, N, 128)
+    with pytest.raises(Exception, match="the packed weight does not match"):  # the buffer of another group size
+        ops.w8a8_linear(x, packed, None, N, 64)
     with pytest.raises(Exception, match="group must be in 1..K"):
-        ops.w8a8_linear(x, packed, paddle.to_tensor(s), paddle.to_tensor(wsum), None, N, 0)
+        ops.w8a8_linear(x, packed, None, N, 0)
     with pytest.raises(Exception, match="group must be in 1..K"):
-        ops.w8a8_pack(paddle.to_tensor(q), K + 1)
+        ops.w8a8_pack(qt, st, paddle.to_tensor(wsum), K + 1)
     with pytest.raises(Exception, match="weight must be \\[N, K\\]"):
         ops.w8a8_linear_portable(x[:, :-2], paddle.to_tensor(np.ascontiguousarray(q.T)), paddle.to_tensor(s),
                                  paddle.to_tensor(wsum), None, 128)

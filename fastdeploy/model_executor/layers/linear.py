@@ -51,7 +51,7 @@ class KernelWeight(NamedTuple):
 
     weight: paddle.Tensor  # packed for the linear kernel, or GGUF blocks
     bias: paddle.Tensor | None
-    dtype: str  # "bfloat16" / "float32" (packed), or "gguf"
+    dtype: str  # "bfloat16" / "float32" (packed), "gguf", "int" or "w8a8"
     segments: list[int]  # GGUF (type, rows) pairs; empty when packed
     gguf_isa: int = 0  # the GGUF kernel path
 

@@ -31,7 +31,7 @@ from paddle import nn
 
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.custom_op import get_op_backend
-from fastdeploy.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
+from fastdeploy.model_executor.layers.linear import KernelWeight, LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from fastdeploy.model_executor.layers.quantization.int_kernels import quantize_int8
@@ -94,8 +94,8 @@ class W8A8LinearMethod(LinearMethodBase):
         q, scales = quantize_int8_groups(w, group, self.weight_max)
         wscale = paddle.to_tensor(scales)
         wsum = paddle.to_tensor(group_sums(q, group))  # the zero points' correction, once
-        if self.path == "onednn":
-            weight = ops.w8a8_pack(paddle.to_tensor(q), group)
+        if self.path == "onednn":  # one buffer: the packed weights, then wscale and wsum
+            weight = ops.w8a8_pack(paddle.to_tensor(q), wscale, wsum, group)
         else:
             weight = paddle.to_tensor(np.ascontiguousarray(q.T))
         layer.register_buffer("qweight", weight, persistable=True)
@@ -109,8 +109,13 @@ class W8A8LinearMethod(LinearMethodBase):
     def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
         weight, wscale, wsum, bias, group = layer._w8a8_args
         if self.path == "onednn":
-            return ops.w8a8_linear(x, weight, wscale, wsum, bias, layer.output_size, group)
+            return ops.w8a8_linear(x, weight, bias, layer.output_size, group)
         return ops.w8a8_linear_portable(x, weight, wscale, wsum, bias, group)
+
+    def kernel_weight(self, layer: LinearBase) -> KernelWeight | None:
+        """oneDNN's buffer, for the fused decoder layers (dtype "w8a8"); the portable path runs op by op."""
+        weight, _, _, bias, group = layer._w8a8_args
+        return KernelWeight(weight, bias, "w8a8", [group]) if self.path == "onednn" else None
 
     def dense_weight(self, layer: LinearBase) -> paddle.Tensor:
         """The dequantized ``[in, out]`` weight (the activations' rounding is not in it)."""
