@@ -37,7 +37,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((args.k, args.n)) * 0.05).astype(np.float32)
     codes, scales = quantize_fp8(w)
-    qweight, packed_scales = (paddle.to_tensor(a) for a in pack_fp8(codes, scales[None, :]))
+    weight = paddle.to_tensor(pack_fp8(codes, scales[None, :]))
     group = 2 * -(-args.k // 2)
     bf16 = ops.linear_pack(paddle.to_tensor(w), "bfloat16")
     rows = {}
@@ -46,14 +46,14 @@ def main() -> None:
         calls = {"bf16-linear": lambda x=x: ops.linear(x, bf16, None, args.n, "bfloat16")}
         for path in fp8_kernel_paths():
             calls[f"fp8-{path}"] = lambda x=x, isa=KERNEL_PATHS[path]: ops.fp8_linear(
-                x, qweight, packed_scales, None, args.n, group, isa)
+                x, weight, None, args.n, group, isa)
         inner = max(1, 2000 // (m * 10))  # calls per timing: ~ms-scale timings at every M
         med = interleaved_medians(calls, args.reps, inner)
         rows[f"M={m}"] = {f"{name}_us": round(v, 1) for name, v in med.items()} | {
             f"{name}_vs_bf16": round(v / med["bf16-linear"], 3) for name, v in med.items() if name != "bf16-linear"}
         print(f"M={m}: " + ", ".join(f"{n} {v:.1f} us" for n, v in med.items()), flush=True)
     write_result(args.out, {"k": args.k, "n": args.n, "threads": args.threads, "reps": args.reps, "rows": rows,
-                            "weight_bytes": {"fp8": int(qweight.numel()), "bf16": 2 * args.k * args.n}})
+                            "weight_bytes": {"fp8": int(weight.numel()), "bf16": 2 * args.k * args.n}})
 
 
 if __name__ == "__main__":

@@ -215,15 +215,15 @@ def int_linear(x: paddle.Tensor, packed: paddle.Tensor, bias: paddle.Tensor | No
     return _run("fd_int_linear", x, packed, bias, n, bits, group, isa)[0]
 
 
-def fp8_linear(x: paddle.Tensor, qweight: paddle.Tensor, scales: paddle.Tensor, bias: paddle.Tensor | None, n: int,
-               group: int, isa: int) -> paddle.Tensor:
+def fp8_linear(x: paddle.Tensor, weight: paddle.Tensor, bias: paddle.Tensor | None, n: int, group: int,
+               isa: int) -> paddle.Tensor:
     """``x [..., K] @ W (+ bias)`` -> ``[..., n]`` fp32 with e4m3 weights widened in registers (csrc/cpu/fp8_gemm.cc).
 
-    ``qweight``/``scales`` are in the layout of ``pair_gemm_impl.h``
-    (:func:`fastdeploy.model_executor.layers.quantization.fp8.pack_fp8`), ``group`` (even) rows of K per
-    scale; ``isa`` the kernel path (0 scalar, 1 AVX2, 2 AVX-512, 3 AVX512-BF16), chosen by the platform.
+    ``weight`` is :func:`fastdeploy.model_executor.layers.quantization.fp8.pack_fp8`'s uint8 buffer (the codes
+    in the layout of ``pair_gemm_impl.h``, then the scales), ``group`` (even) rows of K per scale; ``isa`` the
+    kernel path (0 scalar, 1 AVX2, 2 AVX-512, 3 AVX512-BF16, 4 AMX-BF16), chosen by the platform.
     """
-    return _run("fd_fp8_linear", x, qweight, scales, bias, n, group, isa)[0]
+    return _run("fd_fp8_linear", x, weight, bias, n, group, isa)[0]
 
 
 def weight_only_pack(q: paddle.Tensor, group: int) -> paddle.Tensor:

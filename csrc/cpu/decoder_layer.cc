@@ -23,8 +23,8 @@
 // The four matmul weights are packed for the linear kernel (dtype "bfloat16" / "float32"), GGUF
 // blocks packed by fd_gguf_pack (dtype "gguf": each weight's (type, rows) segments, the block
 // kernels' path), or integer weights in one buffer each (dtype "int": segments (bits, group,
-// int_gemm.cc's path); wint8 / wint4 / AWQ / GPTQ), or W8A8's buffers of fd_w8a8_pack (dtype
-// "w8a8": segments (group)). `segments` holds, per layer and for qkv,
+// int_gemm.cc's path); wint8 / wint4 / AWQ / GPTQ), W8A8's buffers of fd_w8a8_pack (dtype "w8a8":
+// segments (group)) or fp8 buffers of pack_fp8 (dtype "fp8": segments (group, fp8_gemm.cc's path)). `segments` holds, per layer and for qkv,
 // o, gate_up and down in turn, the count of a weight's segment values and then the values.
 #include <vector>
 
@@ -52,6 +52,7 @@ struct Matmul {
 
   bool fits(int64_t k, int64_t n, const std::string& dtype) const {
     if (dtype == "w8a8") return num_segments == 1 && weight.numel() == fastdeploy_cpu::w8a8_weight_bytes(k, n, segments[0]);
+    if (dtype == "fp8") return num_segments == 2 && weight.numel() == fastdeploy_cpu::fp8_weight_bytes(k, n, segments[0]);
     if (dtype == "int") {
       if (num_segments != 3) return false;
       const int64_t bytes = fastdeploy_cpu::int_linear_bytes(static_cast<int>(segments[0]), k, n, segments[1]);
@@ -71,6 +72,9 @@ struct Matmul {
   void run(const float* x, int64_t m, int64_t k, int64_t n, const std::string& dtype, int gguf_isa, float* out) const {
     if (dtype == "w8a8") {
       fastdeploy_cpu::w8a8_forward(x, m, k, weight.data<uint8_t>(), bias, n, segments[0], out);
+    } else if (dtype == "fp8") {
+      fastdeploy_cpu::fp8_forward(x, m, k, weight.data<uint8_t>(), segments[0], bias, n, static_cast<int>(segments[1]),
+                                  out);
     } else if (dtype == "int") {
       const int bits = static_cast<int>(segments[0]);
       const auto parts = fastdeploy_cpu::int_linear_parts(weight.data<uint8_t>(), bits, k, n, segments[1]);

@@ -308,33 +308,40 @@ void fp8_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t gr
   }
 }
 
+int64_t fp8_weight_bytes(int64_t k, int64_t n, int64_t group) {
+  if (k <= 0 || n <= 0 || group <= 0 || group % 2 != 0) return -1;
+  const int64_t panels = (n + 15) / 16, kh = (k + 1) / 2, groups = (kh + group / 2 - 1) / (group / 2);
+  return panels * kh * 32 + panels * groups * 16 * static_cast<int64_t>(sizeof(float));
+}
+
+void fp8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, int64_t group, const float* bias,
+                 int64_t n, int isa, float* out) {
+  const int64_t codes = (n + 15) / 16 * ((k + 1) / 2) * 32;
+  fp8_gemm(x, m, k, weight, group, reinterpret_cast<const float*>(weight + codes), bias, n, isa, out);
+}
+
 }  // namespace fastdeploy_cpu
 
-// x [..., K] float32, qweight uint8 [ceil(N/16) * ceil(K/2) * 32], scales float32 [ceil(N/16) * G * 16],
-// optional bias [N] -> [..., N] float32.
-std::vector<paddle::Tensor> Fp8Linear(const paddle::Tensor& x, const paddle::Tensor& qweight,
-                                      const paddle::Tensor& scales, const paddle::optional<paddle::Tensor>& bias,
-                                      int64_t n, int64_t group, int isa) {
-  fastdeploy_cpu::check_cpu_contiguous(qweight, "qweight");
-  fastdeploy_cpu::check_cpu_contiguous(scales, "scales");
-  fastdeploy_cpu::check_dtype(qweight, paddle::DataType::UINT8, "qweight");
-  fastdeploy_cpu::check_dtype(scales, paddle::DataType::FLOAT32, "scales");
+// x [..., K] float32, weight uint8: the e4m3 codes [ceil(N/16) * ceil(K/2) * 32] then the fp32 scales
+// [ceil(N/16) * G * 16] (pack_fp8's buffer), optional bias [N] -> [..., N] float32.
+std::vector<paddle::Tensor> Fp8Linear(const paddle::Tensor& x, const paddle::Tensor& weight,
+                                      const paddle::optional<paddle::Tensor>& bias, int64_t n, int64_t group, int isa) {
+  fastdeploy_cpu::check_cpu_contiguous(weight, "weight");
+  fastdeploy_cpu::check_dtype(weight, paddle::DataType::UINT8, "weight");
   const auto [m, k] = fastdeploy_cpu::check_linear_x(x, "fd_fp8_linear");
   PD_CHECK(group > 0 && group % 2 == 0, "fd_fp8_linear: group must be even and positive.");
-  const int64_t panels = (n + 15) / 16, kh = (k + 1) / 2;
-  const int64_t groups = (kh + group / 2 - 1) / (group / 2);
-  PD_CHECK(qweight.numel() == panels * kh * 32,
-           "fd_fp8_linear: qweight does not match [K, N] = [" + std::to_string(k) + ", " + std::to_string(n) + "].");
-  PD_CHECK(scales.numel() == panels * groups * 16, "fd_fp8_linear: scales have the wrong size.");
+  PD_CHECK(weight.numel() == fastdeploy_cpu::fp8_weight_bytes(k, n, group),
+           "fd_fp8_linear: the weight does not match [K, N] = [" + std::to_string(k) + ", " + std::to_string(n) +
+               "] in groups of " + std::to_string(group) + " rows.");
   const float* bias_data = fastdeploy_cpu::optional_bias(bias, n, "fd_fp8_linear");
   auto out = fastdeploy_cpu::linear_output(x, n);
-  fastdeploy_cpu::fp8_gemm(x.data<float>(), m, k, qweight.data<uint8_t>(), group, scales.data<float>(), bias_data, n,
-                           isa, out.data<float>());
+  fastdeploy_cpu::fp8_forward(x.data<float>(), m, k, weight.data<uint8_t>(), group, bias_data, n, isa,
+                              out.data<float>());
   return {out};
 }
 
 PD_BUILD_OP(fd_fp8_linear)
-    .Inputs({"x", "qweight", "scales", paddle::Optional("bias")})
+    .Inputs({"x", "weight", paddle::Optional("bias")})
     .Outputs({"out"})
     .Attrs({"n: int64_t", "group: int64_t", "isa: int"})
     .SetKernelFn(PD_KERNEL(Fp8Linear));

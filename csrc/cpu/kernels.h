@@ -81,6 +81,12 @@ void quantize_rows_u8(const float* x, int64_t m, int64_t k, int64_t group, uint8
                       int32_t* zero);
 void w8a8_epilogue(const int32_t* acc, int64_t m, int64_t n, int64_t groups, const float* xscale,
                    const int32_t* xzero, const float* wscale, const int32_t* wsum, const float* bias, float* out);
+// fp8_gemm.cc: an fp8 weight as one buffer (pack_fp8: the e4m3 codes in 16-column panels, then the fp32
+// scales per panel and group of `group` rows of K), its size (-1: no such shape), and x [M, K] @ it (+ bias)
+// on kernel path `isa`.
+int64_t fp8_weight_bytes(int64_t k, int64_t n, int64_t group);
+void fp8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, int64_t group, const float* bias,
+                 int64_t n, int isa, float* out);
 // linear.cc: W8A8's weight as one buffer (fd_w8a8_pack: oneDNN's packed [G, group, N] int8, then
 // wscale [G, N] float32 and wsum [G, N] int32), its size (-1: no such shape), and x [M, K] @ it (+ bias).
 int64_t w8a8_weight_bytes(int64_t k, int64_t n, int64_t group);

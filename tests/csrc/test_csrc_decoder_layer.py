@@ -82,18 +82,20 @@ def test_fused_layers_equal_separate_kernels_on_integer_weights(method, dtype, t
     np.testing.assert_allclose(_logits(model, fused=None), _logits(model, fused=set()), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("method", ["w8a8", "fp8"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_layers_equal_separate_kernels_on_w8a8(dtype, tmp_path):
-    """w8a8 layers (oneDNN's u8 x s8 matmul, one buffer per weight) run in one op too."""
+def test_fused_layers_equal_separate_kernels_on_one_buffer_weights(method, dtype, tmp_path):
+    """w8a8 (oneDNN's u8 x s8 matmul) and fp8 (fp8_gemm.cc) layers, each weight one buffer with its scales, run in
+    one op too."""
     from fastdeploy.config import ModelConfig
     from fastdeploy.model_executor.custom_op import get_op_backend
     from fastdeploy.model_executor.model_loader import get_model
 
-    if get_op_backend().w8a8 != "onednn":
+    if method == "w8a8" and get_op_backend().w8a8 != "onednn":
         pytest.skip("w8a8 runs on its portable kernel here, op by op")
     path = build_tiny_checkpoint("LlamaForCausalLM", tmp_path)
-    model = get_model(ModelConfig(model=path, quantization="w8a8", dtype=dtype))
-    assert model.model.layers[0]._fused_args.settings[-1] == "w8a8"
+    model = get_model(ModelConfig(model=path, quantization=method, dtype=dtype))
+    assert model.model.layers[0]._fused_args.settings[-1] == method
     fused = _logits(model, fused=None)
     assert _runs(model) == [(0, 2, True)]
     np.testing.assert_allclose(fused, _logits(model, fused=set()), rtol=1e-5, atol=1e-5)

@@ -38,8 +38,7 @@ def reference(x, codes, scales, group, path):
 
 
 def run(x, codes, scales, group, path, bias=None):
-    qweight, packed = pack_fp8(codes, scales)
-    return ops.fp8_linear(paddle.to_tensor(x), paddle.to_tensor(qweight), paddle.to_tensor(packed),
+    return ops.fp8_linear(paddle.to_tensor(x), paddle.to_tensor(pack_fp8(codes, scales)),
                           None if bias is None else paddle.to_tensor(bias), codes.shape[1], group,
                           KERNEL_PATHS[path]).numpy()
 
@@ -110,17 +109,18 @@ def test_a_rows_result_is_independent_of_the_thread_count(path):
 
 def test_a_path_the_cpu_cannot_run_and_bad_sizes_are_refused():
     codes = rng.choice(FINITE, (8, 16))
-    qweight, scales = pack_fp8(codes, np.ones((1, 16), np.float32))
+    weight = paddle.to_tensor(pack_fp8(codes, np.ones((1, 16), np.float32)))
     x = paddle.ones([1, 8])
-    with pytest.raises(Exception, match="scales have the wrong size"):
-        ops.fp8_linear(x, paddle.to_tensor(qweight), paddle.to_tensor(scales[:8]), None, 16, 8, 0)
-    with pytest.raises(Exception, match="qweight does not match"):
-        ops.fp8_linear(paddle.ones([1, 10]), paddle.to_tensor(qweight), paddle.to_tensor(scales), None, 16, 10, 0)
+    with pytest.raises(Exception, match="the weight does not match"):  # the scales cut short
+        ops.fp8_linear(x, weight[:-4], None, 16, 8, 0)
+    with pytest.raises(Exception, match="the weight does not match"):  # another K
+        ops.fp8_linear(paddle.ones([1, 10]), weight, None, 16, 10, 0)
+    with pytest.raises(Exception, match="the weight does not match"):  # scales for groups of 2 rows
+        ops.fp8_linear(x, weight, None, 16, 2, 0)
     with pytest.raises(Exception, match="cannot run kernel path 7"):
-        ops.fp8_linear(x, paddle.to_tensor(qweight), paddle.to_tensor(scales), None, 16, 8, 7)
+        ops.fp8_linear(x, weight, None, 16, 8, 7)
     if "amx-bf16" in PATHS:  # several groups of 16 rows: AMX's tiles take 32 at a time
         codes = rng.choice(FINITE, (64, 16))
-        qweight, scales = pack_fp8(codes, np.ones((4, 16), np.float32))
+        weight = paddle.to_tensor(pack_fp8(codes, np.ones((4, 16), np.float32)))
         with pytest.raises(Exception, match="amx-bf16 needs one group or groups of a multiple of 32 rows"):
-            ops.fp8_linear(paddle.ones([1, 64]), paddle.to_tensor(qweight), paddle.to_tensor(scales), None, 16, 16,
-                           KERNEL_PATHS["amx-bf16"])
+            ops.fp8_linear(paddle.ones([1, 64]), weight, None, 16, 16, KERNEL_PATHS["amx-bf16"])

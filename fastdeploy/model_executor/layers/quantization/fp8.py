@@ -35,7 +35,7 @@ from fastdeploy import _custom_ops as ops
 from fastdeploy.distributed.parallel_state import get_tensor_model_parallel_world_size
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.custom_op import get_op_backend
-from fastdeploy.model_executor.layers.linear import LinearBase, LinearMethodBase, UnquantizedLinearMethod
+from fastdeploy.model_executor.layers.linear import KernelWeight, LinearBase, LinearMethodBase, UnquantizedLinearMethod
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from fastdeploy.model_executor.layers.quantization.int_kernels import path_for_dtype
@@ -85,9 +85,9 @@ def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return float_to_e4m3(w * inv), scales
 
 
-def pack_fp8(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The kernel's ``(qweight uint8, scales fp32)`` of e4m3 ``codes [K, N]`` with ``scales [G, N]``
-    (one row per group of K; see ``csrc/cpu/pair_gemm_impl.h``)."""
+def pack_fp8(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The kernel's uint8 buffer of e4m3 ``codes [K, N]`` with ``scales [G, N]`` (one row per group of K): the
+    codes in 16-column panels, then the fp32 scales per panel (see ``csrc/cpu/pair_gemm_impl.h``)."""
     k, n = codes.shape
     kh, p = -(-k // 2), -(-n // PANEL)
     padded = np.zeros((2 * kh, p * PANEL), dtype=np.uint8)
@@ -96,12 +96,14 @@ def pack_fp8(codes: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndar
     groups = scales.shape[0]
     s = np.zeros((groups, p * PANEL), dtype=np.float32)
     s[:, :n] = scales
-    return np.ascontiguousarray(qweight).reshape(-1), np.ascontiguousarray(s.reshape(groups, p, PANEL).transpose(1, 0, 2)).reshape(-1)
+    packed_scales = np.ascontiguousarray(s.reshape(groups, p, PANEL).transpose(1, 0, 2))
+    return np.concatenate([np.ascontiguousarray(qweight).reshape(-1), packed_scales.reshape(-1).view(np.uint8)])
 
 
-def unpack_fp8(qweight: np.ndarray, scales: np.ndarray, k: int, n: int, group: int) -> np.ndarray:
-    """The fp32 ``[K, N]`` weight of :func:`pack_fp8`'s output (``group`` rows of K per scale)."""
+def unpack_fp8(weight: np.ndarray, k: int, n: int, group: int) -> np.ndarray:
+    """The fp32 ``[K, N]`` weight of :func:`pack_fp8`'s buffer (``group`` rows of K per scale)."""
     kh, p = -(-k // 2), -(-n // PANEL)
+    qweight, scales = weight[: p * kh * 2 * PANEL], weight[p * kh * 2 * PANEL :].view(np.float32)
     codes = qweight.reshape(p, kh, PANEL, 2).transpose(1, 3, 0, 2).reshape(2 * kh, p * PANEL)[:k, :n]
     groups = scales.size // (p * PANEL)
     s = scales.reshape(p, groups, PANEL).transpose(1, 0, 2).reshape(groups, p * PANEL)[:, :n]
@@ -191,10 +193,9 @@ class Fp8LinearMethod(LinearMethodBase):
             codes, per_channel = quantize_fp8(layer.weight.numpy())
             scales, group = per_channel[None, :], 2 * -(-k // 2)
         path = path_for_dtype(self.config.kernel_path, dtype, k, group)
-        qweight, packed_scales = (paddle.to_tensor(a) for a in pack_fp8(codes, scales))
+        qweight = paddle.to_tensor(pack_fp8(codes, scales))  # the codes, then the scales: one buffer
         layer.register_buffer("qweight", qweight, persistable=True)
-        layer.register_buffer("weight_scale", packed_scales, persistable=True)
-        object.__setattr__(layer, "_fp8_args", (qweight, packed_scales, layer.bias, n, group, KERNEL_PATHS[path]))
+        object.__setattr__(layer, "_fp8_args", (qweight, layer.bias, n, group, KERNEL_PATHS[path]))
         object.__setattr__(layer, "_fp8_path", path)
         layer.weight = None
         return True
@@ -202,9 +203,14 @@ class Fp8LinearMethod(LinearMethodBase):
     def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
         return ops.fp8_linear(x, *layer._fp8_args)
 
+    def kernel_weight(self, layer: LinearBase) -> KernelWeight | None:
+        """The buffer for the fused decoder layers (dtype "fp8"), with its group and kernel path."""
+        qweight, bias, _, group, isa = layer._fp8_args
+        return KernelWeight(qweight, bias, "fp8", [group, isa])
+
     def dense_weight(self, layer: LinearBase) -> paddle.Tensor:
-        qweight, scales, _, n, group, _ = layer._fp8_args
-        return paddle.to_tensor(unpack_fp8(qweight.numpy(), scales.numpy(), layer.input_size, n, group))
+        qweight, _, n, group, _ = layer._fp8_args
+        return paddle.to_tensor(unpack_fp8(qweight.numpy(), layer.input_size, n, group))
 
 
 @register_quantization_config(NAME)
