@@ -24,8 +24,9 @@
 // blocks packed by fd_gguf_pack (dtype "gguf": each weight's (type, rows) segments, the block
 // kernels' path), or integer weights in one buffer each (dtype "int": segments (bits, group,
 // int_gemm.cc's path); wint8 / wint4 / AWQ / GPTQ), W8A8's buffers of fd_w8a8_pack (dtype "w8a8":
-// segments (group)) or fp8 buffers of pack_fp8 (dtype "fp8": segments (group, fp8_gemm.cc's path)). `segments` holds, per layer and for qkv,
-// o, gate_up and down in turn, the count of a weight's segment values and then the values.
+// segments (group)) or fp8 buffers of pack_fp8 (dtype "fp8": segments (group, fp8_gemm.cc's path)).
+// `segments` holds, per layer and for qkv, o, gate_up and down in turn, the count of a weight's
+// segment values and then the values.
 #include <vector>
 
 #include "cpu_utils.h"
@@ -71,7 +72,7 @@ struct Matmul {
 
   void run(const float* x, int64_t m, int64_t k, int64_t n, const std::string& dtype, int gguf_isa, float* out) const {
     if (dtype == "w8a8") {
-      fastdeploy_cpu::w8a8_forward(x, m, k, weight.data<uint8_t>(), bias, n, segments[0], out);
+      fastdeploy_cpu::w8a8_forward(x, m, k, weight.data<uint8_t>(), weight.numel(), bias, n, segments[0], out);
     } else if (dtype == "fp8") {
       fastdeploy_cpu::fp8_forward(x, m, k, weight.data<uint8_t>(), segments[0], bias, n, static_cast<int>(segments[1]),
                                   out);

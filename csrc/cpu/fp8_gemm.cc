@@ -308,16 +308,22 @@ void fp8_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t gr
   }
 }
 
+namespace {
+
+// The e4m3 codes' bytes at the front of an fp8 buffer: a k pair of 16 columns is 32 codes.
+int64_t fp8_codes_bytes(int64_t k, int64_t n) { return (n + 15) / 16 * ((k + 1) / 2) * 32; }
+
+}  // namespace
+
 int64_t fp8_weight_bytes(int64_t k, int64_t n, int64_t group) {
   if (k <= 0 || n <= 0 || group <= 0 || group % 2 != 0) return -1;
   const int64_t panels = (n + 15) / 16, kh = (k + 1) / 2, groups = (kh + group / 2 - 1) / (group / 2);
-  return panels * kh * 32 + panels * groups * 16 * static_cast<int64_t>(sizeof(float));
+  return fp8_codes_bytes(k, n) + panels * groups * 16 * static_cast<int64_t>(sizeof(float));
 }
 
 void fp8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, int64_t group, const float* bias,
                  int64_t n, int isa, float* out) {
-  const int64_t codes = (n + 15) / 16 * ((k + 1) / 2) * 32;
-  fp8_gemm(x, m, k, weight, group, reinterpret_cast<const float*>(weight + codes), bias, n, isa, out);
+  fp8_gemm(x, m, k, weight, group, reinterpret_cast<const float*>(weight + fp8_codes_bytes(k, n)), bias, n, isa, out);
 }
 
 }  // namespace fastdeploy_cpu

@@ -88,10 +88,11 @@ int64_t fp8_weight_bytes(int64_t k, int64_t n, int64_t group);
 void fp8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, int64_t group, const float* bias,
                  int64_t n, int isa, float* out);
 // linear.cc: W8A8's weight as one buffer (fd_w8a8_pack: oneDNN's packed [G, group, N] int8, then
-// wscale [G, N] float32 and wsum [G, N] int32), its size (-1: no such shape), and x [M, K] @ it (+ bias).
+// wscale [G, N] float32 and wsum [G, N] int32), its size (-1: no such shape), and x [M, K] @ it (+ bias)
+// given the buffer's size (checked against w8a8_weight_bytes).
 int64_t w8a8_weight_bytes(int64_t k, int64_t n, int64_t group);
-void w8a8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, const float* bias, int64_t n,
-                  int64_t group, float* out);
+void w8a8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, int64_t weight_bytes, const float* bias,
+                  int64_t n, int64_t group, float* out);
 // The ops' checks of group (1..K), wscale [G, N] float32, wsum [G, N] int32 and the optional bias [N] float32.
 void check_w8a8_operands(const paddle::Tensor& wscale, const paddle::Tensor& wsum,
                          const paddle::optional<paddle::Tensor>& bias, int64_t k, int64_t n, int64_t group,

@@ -368,12 +368,13 @@ int64_t w8a8_weight_bytes(int64_t k, int64_t n, int64_t group) {
   return static_cast<int64_t>(w8a8_weight_desc(groups, group, n).get_size()) + groups * n * 8;
 }
 
-void w8a8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, const float* bias, int64_t n,
-                  int64_t group, float* out) {
+void w8a8_forward(const float* x, int64_t m, int64_t k, const uint8_t* weight, int64_t weight_bytes, const float* bias,
+                  int64_t n, int64_t group, float* out) {
   if (m == 0) return;
   const int64_t groups = w8a8_groups(k, group);
-  const memory::desc packed_md = w8a8_weight_desc(groups, group, n);
-  const float* wscale = reinterpret_cast<const float*>(weight + packed_md.get_size());
+  // The scales and sums end the buffer (its size checked by the caller against w8a8_weight_bytes): no
+  // second look-up of oneDNN's packed size per call.
+  const float* wscale = reinterpret_cast<const float*>(weight + weight_bytes - groups * n * 8);
   const int32_t* wsum = reinterpret_cast<const int32_t*>(wscale + groups * n);
   // One group: all rows at once, the sums straight into the output. Several: chunks of rows whose
   // [G, rows, N] int32 sums stay near kW8A8SumsPerChunk elements, read back while still cached.
@@ -440,7 +441,8 @@ std::vector<paddle::Tensor> W8A8Linear(const paddle::Tensor& x, const paddle::Te
            "fd_w8a8_linear: the packed weight does not match [K, N] in groups of `group`.");
   const float* bias_data = fastdeploy_cpu::optional_bias(bias, n, "fd_w8a8_linear");
   auto out = fastdeploy_cpu::linear_output(x, n);
-  fastdeploy_cpu::w8a8_forward(x.data<float>(), m, k, weight.data<uint8_t>(), bias_data, n, group, out.data<float>());
+  fastdeploy_cpu::w8a8_forward(x.data<float>(), m, k, weight.data<uint8_t>(), weight.numel(), bias_data, n, group,
+                               out.data<float>());
   return {out};
 }
 

@@ -49,10 +49,11 @@ PACKED_DTYPES = ("float32", "bfloat16")
 class KernelWeight(NamedTuple):
     """A linear layer's weight as the fused decoder-layer kernel (``fd_decoder_layers``) takes it."""
 
-    weight: paddle.Tensor  # packed for the linear kernel, or GGUF blocks
+    weight: paddle.Tensor  # packed for the linear kernel, GGUF blocks, or a quantized format's one buffer
     bias: paddle.Tensor | None
-    dtype: str  # "bfloat16" / "float32" (packed), "gguf", "int" or "w8a8"
-    segments: list[int]  # GGUF (type, rows) pairs; empty when packed
+    dtype: str  # "bfloat16" / "float32" (packed), "gguf", "int", "w8a8" or "fp8"
+    # GGUF (type, rows) pairs; "int" (bits, group, path); "w8a8" (group); "fp8" (group, path); empty when packed
+    segments: list[int]
     gguf_isa: int = 0  # the GGUF kernel path
 
 
