@@ -68,10 +68,9 @@ const E4m3Tables& tables() {
 
 namespace fp8_scalar {
 
-struct Ops {
-  struct F {
-    float v[16];
-  };
+#include "lanes16_scalar_impl.h"
+
+struct Ops : Lanes16 {
   struct W {
     float v[32];  // column c, half h at 2c + h
   };
@@ -81,22 +80,6 @@ struct Ops {
   static constexpr int64_t kPairBytes = 32;
   const float* table = tables().f32;
 
-  static F zero() { return F{}; }
-  static F splat(float s) {
-    F r;
-    for (float& f : r.v) f = s;
-    return r;
-  }
-  static F load(const float* p) {
-    F r;
-    std::memcpy(r.v, p, sizeof(r.v));
-    return r;
-  }
-  static void store(const F& a, float* p) { std::memcpy(p, a.v, sizeof(a.v)); }
-  static F fma(const F& a, const F& b, F c) {
-    for (int i = 0; i < 16; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
-    return c;
-  }
   W decode(const uint8_t* p) const {
     W w;
     for (int i = 0; i < 32; ++i) w.v[i] = table[p[i]];
@@ -123,10 +106,9 @@ struct Ops {
 #pragma GCC target("avx2,fma,f16c")
 namespace fp8_avx2 {
 
-struct Ops {
-  struct F {
-    __m256 a, b;
-  };
+#include "lanes16_avx2_impl.h"
+
+struct Ops : Lanes16 {
   struct W {
     __m256 v[4];  // columns 4i .. 4i+3, each as (k0, k1), in units of 2^8
   };
@@ -135,16 +117,6 @@ struct Ops {
   static constexpr int kRows = 2, kPanels = 1;
   static constexpr int64_t kPairBytes = 32;
 
-  static F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static F splat(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
-  static F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static void store(const F& v, float* p) {
-    _mm256_storeu_ps(p, v.a);
-    _mm256_storeu_ps(p + 8, v.b);
-  }
-  static F fma(const F& x, const F& y, const F& c) {
-    return {_mm256_fmadd_ps(x.a, y.a, c.a), _mm256_fmadd_ps(x.b, y.b, c.b)};
-  }
   // 16 codes -> 16 fp16: the byte in the top half, shifted right by one keeping the sign, then the
   // sign's copy cleared; fp16's 5-bit exponent (bias 15) then reads e4m3's (bias 7) times 2^-8,
   // subnormals included (vcvtph2ps widens fp16 subnormals exactly). NaN codes become 0xFFFF.

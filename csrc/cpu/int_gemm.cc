@@ -54,23 +54,10 @@ struct IntGemmArgs {
 
 namespace int_scalar {
 
-struct Ops {
+#include "lanes16_scalar_impl.h"
+
+struct Ops : Lanes16 {
   static constexpr int kChains = 1;  // the compiler vectorises each 16-lane loop on its own
-  struct F {
-    float v[16];
-  };
-  static F zero() { return F{}; }
-  static F splat(float s) {
-    F r;
-    for (float& f : r.v) f = s;
-    return r;
-  }
-  static F load(const float* p) {
-    F r;
-    std::memcpy(r.v, p, sizeof(r.v));
-    return r;
-  }
-  static void store(const F& a, float* p) { std::memcpy(p, a.v, sizeof(a.v)); }
   static F i8(const int8_t* p) {
     F r;
     for (int i = 0; i < 16; ++i) r.v[i] = static_cast<float>(p[i]);
@@ -81,10 +68,6 @@ struct Ops {
       lo.v[i] = static_cast<float>(p[i] & 15);
       hi.v[i] = static_cast<float>(p[i] >> 4);
     }
-  }
-  static F fma(const F& a, const F& b, F c) {
-    for (int i = 0; i < 16; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
-    return c;
   }
   static F mul(F a, const F& b) {
     for (int i = 0; i < 16; ++i) a.v[i] *= b.v[i];
@@ -102,18 +85,10 @@ struct Ops {
 #pragma GCC target("avx2,fma")
 namespace int_avx2 {
 
-struct Ops {
+#include "lanes16_avx2_impl.h"
+
+struct Ops : Lanes16 {
   static constexpr int kChains = 4;  // 1 row x 4 panels, 2 x 2 (a few spills of the 16 registers, still faster)
-  struct F {
-    __m256 a, b;
-  };
-  static F zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static F splat(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
-  static F load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static void store(const F& v, float* p) {
-    _mm256_storeu_ps(p, v.a);
-    _mm256_storeu_ps(p + 8, v.b);
-  }
   static __m256 cvt8(__m128i bytes8, bool is_signed) {
     return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes8) : _mm256_cvtepu8_epi32(bytes8));
   }
@@ -128,7 +103,6 @@ struct Ops {
     lo = {cvt8(l, false), cvt8(_mm_srli_si128(l, 8), false)};
     hi = {cvt8(h, false), cvt8(_mm_srli_si128(h, 8), false)};
   }
-  static F fma(const F& x, const F& y, const F& c) { return {_mm256_fmadd_ps(x.a, y.a, c.a), _mm256_fmadd_ps(x.b, y.b, c.b)}; }
   static F mul(const F& x, const F& y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
 };
 
