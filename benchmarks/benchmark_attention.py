@@ -1,6 +1,7 @@
 """Per-call time of the paged-attention kernel paths (csrc/cpu/attention*.cc) on a bf16 cache.
 
-Every path this CPU runs (``avx512-bf16``: bf16 dot products; the build's fp32 path) takes
+Every path this CPU runs (``amx-bf16``: the scores on AMX tiles; ``avx512-bf16``: bf16 dot products;
+the build's fp32 path) takes
 turns call by call on the same batch, so load from other work hits them alike; medians of
 ``--reps`` rounds. The batches are decodes over a cached context and one fresh prefill, in
 random blocks of the cache, at the default model's heads (9 query / 3 KV heads of 64); the

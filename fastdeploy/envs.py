@@ -15,9 +15,10 @@ FD_CPU_INT_KERNEL       the kernel path of the integer formats (--quantization w
                         avx512-bf16 rounds a bf16 model's activations to bf16 for bf16 dot products; onednn,
                         oneDNN's weight-decompression matmul on AVX512-BF16/AMX for the weight-only formats, on request)
                         or one of them by name; "scalar" also runs w8a8 in portable C++ instead of oneDNN. A path the CPU cannot run is refused.
-FD_CPU_ATTENTION_KERNEL the paged-attention path: "auto" (default: the best this CPU runs, avx512-bf16 > the
-                        build's fp32 path avx512 / avx2 / scalar) or one of them by name; avx512-bf16 multiplies bf16
-                        KV caches with bf16 dot products (fp32 caches always take the fp32 path).
+FD_CPU_ATTENTION_KERNEL the paged-attention path: "auto" (default: the best this CPU runs, amx-bf16 > avx512-bf16 >
+                        the build's fp32 path avx512 / avx2 / scalar) or one of them by name; avx512-bf16 multiplies
+                        bf16 KV caches with bf16 dot products, amx-bf16 takes their scores from AMX tiles (fp32
+                        caches always take the fp32 path).
 FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (default: its own cores when it has
                         fewer threads than there are cores, the API process keeps the rest), "nobind", or a core
                         list such as "1" or "2-3"; VLLM_CPU_OMP_THREADS_BIND too (fastdeploy/platforms/cpu_binding.py).
@@ -130,8 +131,9 @@ def cpu_fp8_kernel() -> str:
 
 
 def cpu_attention_kernel() -> str:
-    """FD_CPU_ATTENTION_KERNEL: the paged-attention path ("auto", "avx512-bf16", "avx512", "avx2" or "scalar")."""
-    return _kernel_path("FD_CPU_ATTENTION_KERNEL", ("avx512-bf16", "avx512", "avx2", "scalar"))
+    """FD_CPU_ATTENTION_KERNEL: the paged-attention path ("auto", "amx-bf16", "avx512-bf16", "avx512", "avx2" or
+    "scalar")."""
+    return _kernel_path("FD_CPU_ATTENTION_KERNEL", ("amx-bf16", "avx512-bf16", "avx512", "avx2", "scalar"))
 
 
 def cpu_wide_step_tokens() -> int:

@@ -13,10 +13,21 @@
 // one as used. Every query row takes the same instructions in the same order whatever else is in
 // its tile or batch, so outputs stay batch-invariant.
 //
-// The code is compiled for AVX512-BF16 whatever -march the library is built with (a target
-// region); it runs only where the platform chose it (attn_isa == kAttentionBf16).
+// On AMX (attn_isa == kAttentionAmxBf16) the scores come from tiles instead: the keys, 16 rows of
+// a key tile in the cache as they are (or copied together where a tile spans blocks or is part
+// filled), are an A tile, the rows' queries as pairs the B tile, and tdpbf16ps sums each key's
+// products for 16 query rows at once; no transpose and no score dots. The scores of a row are
+// then a column of the stored C tile, gathered. The tile multiply, store and gathers keep a tile's
+// softmax waiting, so the next tile's scores are multiplied before this tile's softmax and P @ V
+// (two score buffers) and run beside them; one tile at a time the path was no faster than the
+// dot products. P @ V is the same on both paths. A row's scores depend only on its query and the
+// keys, whatever shares the C tile.
+//
+// The code is compiled for AVX512-BF16 and AMX whatever -march the library is built with (a target
+// region); it runs only where the platform chose it (attn_isa kAttentionBf16 / kAttentionAmxBf16).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu_utils.h"
@@ -29,7 +40,7 @@
 
 #if defined(FD_ATTENTION_BF16)
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
 namespace attn_bf16 {
 
 #include "transpose16_impl.h"
@@ -59,7 +70,7 @@ inline __m256i round_bf16(__m512 v, __m512* rounded) {
   return b;
 }
 
-template <int D>
+template <int D, bool kAmx>
 void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache, const uint16_t* value_cache,
             const int64_t* block_tables, int64_t max_blocks, const int64_t* query_start_loc, const int64_t* seq_lens,
             int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t block_size, float scale, float* out) {
@@ -70,6 +81,9 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
   const int64_t group = num_heads / num_kv_heads;
   const int64_t tile_tokens = std::max<int64_t>(1, fastdeploy_cpu::kAttentionTileRows / group);
   const int64_t max_rows = tile_tokens * group;
+  constexpr int kTileRows = 16;  // query rows per C tile (AMX)
+  const int64_t row_groups = (max_rows + kTileRows - 1) / kTileRows;
+  const int64_t key_stride = num_kv_heads * D;  // elements between a block's consecutive slots
 
   // Output lane t of half q of a 32-lane chunk reads lane idx of the chunk's unpacklo (bit 4 clear)
   // or unpackhi (bit 4 set) accumulator: unpack interleaves 4 of every 8 lanes per 128-bit lane.
@@ -83,12 +97,20 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
     std::vector<float> acc, row_max, row_sum;
     std::vector<uint16_t> probs_bf;
     std::vector<int64_t> row_pos;
+    // AMX: the queries as B tiles ([row group][chunk][pair][16 rows]), each group's C tile of
+    // scores ([16 keys][16 rows]) and a key tile copied together where it cannot load in place.
+    std::vector<uint32_t> q_tiles;
+    std::vector<float> scores_t;
+    std::vector<uint16_t> keys_copy;
   };
   auto make_scratch = [&] {
     return Scratch{std::vector<uint32_t>(max_rows * kPairs), std::vector<uint32_t>(kPairs * kKeys),
                    std::vector<uint32_t>(kKeys / 2 * kAccVecs * 16), std::vector<float>(max_rows * D),
                    std::vector<float>(max_rows), std::vector<float>(max_rows * kKeys),
-                   std::vector<uint16_t>(max_rows * kKeys), std::vector<int64_t>(max_rows)};
+                   std::vector<uint16_t>(max_rows * kKeys), std::vector<int64_t>(max_rows),
+                   std::vector<uint32_t>(kAmx ? row_groups * kChunks * 16 * kTileRows : 0),
+                   std::vector<float>(kAmx ? 2 * row_groups * kKeys * kTileRows : 0),
+                   std::vector<uint16_t>(kAmx ? kKeys * D : 0)};
   };
   auto attend = [&](Scratch& sc, const fastdeploy_cpu::AttentionWorkItem& item,
                     const fastdeploy_cpu::AttentionItemRows& at) {
@@ -96,6 +118,9 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
     auto &acc = sc.acc, &row_max = sc.row_max, &row_sum = sc.row_sum;
     auto& probs_bf = sc.probs_bf;
     auto& row_pos = sc.row_pos;
+    const auto& tile_scores = sc.scores_t;
+    const __m512i key_lanes = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kTileRows));
     const int64_t rows = at.rows, first_token = at.first_token, first_pos = at.first_pos, last_pos = at.last_pos;
     // One pass of P @ V covers every row (a decode's group of heads): values are unpacked where multiplied.
     const bool one_pass = rows <= std::min<int64_t>(kGroupRows, kPvRows);
@@ -114,6 +139,22 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
         _mm512_storeu_si512(qp + c * 16, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
       }
     }
+    const int64_t num_groups = (rows + kTileRows - 1) / kTileRows;
+    if constexpr (kAmx) {
+      // B tile (g, c): row p holds pair c * 16 + p of the group's 16 query rows (zeros past the last).
+      std::fill(sc.q_tiles.begin(), sc.q_tiles.begin() + num_groups * kChunks * 16 * kTileRows, 0u);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int c = 0; c < kChunks; ++c)
+          for (int p = 0; p < 16; ++p)
+            sc.q_tiles[(((r / kTileRows) * kChunks + c) * 16 + p) * kTileRows + r % kTileRows] =
+                q_pairs[r * kPairs + c * 16 + p];
+      fastdeploy_cpu::TileConfig cfg;
+      for (int t = 0; t < 3; ++t) {  // 0: C, 1: A (16 keys x 32 dims), 2: B (16 pairs x 16 rows)
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+      }
+      _tile_loadconfig(&cfg);
+    }
     const int64_t* table = block_tables + item.seq * max_blocks;
     // Past this item's last keys the prefetch runs on into the next item's first ones (within its
     // block table's row whatever its seq_lens says: that item checks its own context when it runs).
@@ -124,6 +165,44 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
     fastdeploy_cpu::SlotCursor next_cursor(at.next != nullptr ? block_tables + at.next->seq * max_blocks : table,
                                            block_size, 0);
     int64_t next_fetched = 0;
+
+    // AMX: the scores of the tile at tile_key0 into buffer `buf` ([row group][16 keys][16 rows]). A
+    // block's 16 slots load in place as the A tile; a tile spanning blocks or part filled is copied
+    // together first (missing keys as zeros: finite scores, masked below).
+    auto amx_scores = [&](int64_t tile_key0, int buf) {
+      const int64_t n = std::min(kKeys, last_pos + 1 - tile_key0);
+      const uint16_t* a;
+      int64_t a_stride = key_stride;
+      if (n == kKeys && block_size % kKeys == 0) {
+        a = key_cache + (fastdeploy_cpu::SlotCursor(table, block_size, tile_key0).slot() * num_kv_heads +
+                         item.kv_head) * D;
+      } else {
+        fastdeploy_cpu::SlotCursor cur(table, block_size, tile_key0);
+        for (int64_t k = 0; k < kKeys; ++k) {
+          uint16_t* dst = sc.keys_copy.data() + k * D;
+          if (k < n) {
+            std::memcpy(dst, key_cache + (cur.slot() * num_kv_heads + item.kv_head) * D, D * sizeof(uint16_t));
+            cur.next();
+          } else {
+            std::memset(dst, 0, D * sizeof(uint16_t));
+          }
+        }
+        a = sc.keys_copy.data();
+        a_stride = D;
+      }
+      float* st = sc.scores_t.data() + buf * row_groups * kKeys * kTileRows;
+      for (int64_t g = 0; g < num_groups; ++g) {
+        if (row_pos[std::min(rows, (g + 1) * kTileRows) - 1] < tile_key0) continue;  // every row is before it
+        _tile_zero(0);
+        for (int c = 0; c < kChunks; ++c) {
+          _tile_loadd(1, a + c * 32, a_stride * sizeof(uint16_t));
+          _tile_loadd(2, sc.q_tiles.data() + (g * kChunks + c) * 16 * kTileRows, 64);
+          _tile_dpbf16ps(0, 1, 2);
+        }
+        _tile_stored(0, st + g * kKeys * kTileRows, 64);
+      }
+    };
+    if constexpr (kAmx) amx_scores(0, 0);
 
     for (int64_t key0 = 0; key0 <= last_pos; key0 += kKeys) {
       const int64_t num_keys = std::min(kKeys, last_pos + 1 - key0);
@@ -153,8 +232,12 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
           }
         }
       }
+      // AMX: the next tile's scores multiply while this tile's softmax and P @ V run.
+      if constexpr (kAmx) {
+        if (key0 + kKeys <= last_pos) amx_scores(key0 + kKeys, ((key0 / kKeys) + 1) & 1);
+      }
       // Keys as [pair][key]; keys past num_keys are zeros (finite scores, masked below).
-      for (int c = 0; c < kChunks; ++c) {
+      for (int c = 0; c < kChunks && !kAmx; ++c) {
         __m512 r[16];
         for (int64_t k = 0; k < kKeys; ++k)
           r[k] = k < num_keys ? _mm512_loadu_ps(reinterpret_cast<const float*>(key_rows[k] + c * 32))
@@ -191,7 +274,7 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
         __m512 s[R][2];
         for (int rr = 0; rr < R; ++rr) s[rr][0] = s[rr][1] = _mm512_setzero_ps();
 #pragma GCC unroll 4
-        for (int j = 0; j < kPairs; j += 2) {
+        for (int j = 0; j < (kAmx ? 0 : kPairs); j += 2) {
           const __m512i k0 = _mm512_loadu_si512(keys_t.data() + j * kKeys);
           const __m512i k1 = _mm512_loadu_si512(keys_t.data() + (j + 1) * kKeys);
 #pragma GCC unroll 4
@@ -211,7 +294,12 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
             alpha[rr] = 1.0f;
             continue;
           }
-          const __m512 sc = _mm512_add_ps(s[rr][0], s[rr][1]);
+          // AMX: the row's column of its group's C tile, key k at k * 16.
+          const __m512 sc = kAmx ? _mm512_i32gather_ps(key_lanes,
+                                                       tile_scores.data() + ((key0 / kKeys) & 1) * row_groups * kKeys * kTileRows +
+                                                           (r / kTileRows) * kKeys * kTileRows + r % kTileRows,
+                                                       4)
+                                 : _mm512_add_ps(s[rr][0], s[rr][1]);
           const __mmask16 keep = valid >= 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1u);
           const float tile_max = _mm512_reduce_max_ps(_mm512_mask_blend_ps(keep, _mm512_set1_ps(-INFINITY), sc));
           // Most tiles after the first few do not raise the running max: alpha is then exactly 1 (as
@@ -283,6 +371,7 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
         _mm512_storeu_ps(dst + c * 32 + 16, _mm512_mul_ps(_mm512_permutex2var_ps(lo, idx1, hi), inv));
       }
     }
+    if constexpr (kAmx) _tile_release();
   };
   fastdeploy_cpu::for_each_attention_item(query_start_loc, seq_lens, num_seqs, num_kv_heads, group, block_size,
                                           max_blocks, make_scratch, attend);
@@ -298,9 +387,11 @@ bool paged_attention_bf16(const float* query, int64_t query_stride, const uint16
                           const uint16_t* value_cache, const int64_t* block_tables, int64_t max_blocks,
                           const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs,
                           int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
-                          float* out) {
+                          bool amx, float* out) {
 #if defined(FD_ATTENTION_BF16)
-  auto kernel = head_dim == 64 ? attn_bf16::kernel<64> : head_dim == 128 ? attn_bf16::kernel<128> : nullptr;
+  auto kernel = head_dim == 64    ? (amx ? attn_bf16::kernel<64, true> : attn_bf16::kernel<64, false>)
+                : head_dim == 128 ? (amx ? attn_bf16::kernel<128, true> : attn_bf16::kernel<128, false>)
+                                  : nullptr;
   if (kernel == nullptr) return false;
   kernel(query, query_stride, key_cache, value_cache, block_tables, max_blocks, query_start_loc, seq_lens, num_seqs,
          num_heads, num_kv_heads, block_size, scale, out);

@@ -113,8 +113,9 @@ void rope_and_cache(float* qkv, const int64_t* positions, const float* cos_sin, 
 
 // attention.cc: out [T, H D] from the queries in the first H D columns of query [T, query_stride].
 // attn_isa (the platform's choice): kAttentionFp32 converts bf16 caches to fp32 and multiplies in
-// fp32; kAttentionBf16 multiplies bf16 caches with AVX512-BF16 dot products (attention_bf16.cc).
-constexpr int kAttentionFp32 = 0, kAttentionBf16 = 1;
+// fp32; kAttentionBf16 multiplies bf16 caches with AVX512-BF16 dot products (attention_bf16.cc);
+// kAttentionAmxBf16 takes the scores from AMX tiles and the rest from kAttentionBf16's code.
+constexpr int kAttentionFp32 = 0, kAttentionBf16 = 1, kAttentionAmxBf16 = 2;
 void paged_attention(const float* query, int64_t query_stride, const paddle::Tensor& key_cache,
                      const paddle::Tensor& value_cache, const int64_t* block_tables, int64_t max_blocks,
                      const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads,
@@ -196,12 +197,12 @@ void for_each_attention_item(const int64_t* query_start_loc, const int64_t* seq_
   PD_CHECK(!bad_context, "paged_attention: seq_lens is shorter than the query or longer than the block table.");
 }
 
-// attention_bf16.cc: paged_attention over bf16 caches on AVX512-BF16 for head dims 64 and 128;
-// false (nothing written) for other head dims.
+// attention_bf16.cc: paged_attention over bf16 caches on AVX512-BF16 (the scores on AMX tiles
+// where `amx`) for head dims 64 and 128; false (nothing written) for other head dims.
 bool paged_attention_bf16(const float* query, int64_t query_stride, const uint16_t* key_cache,
                           const uint16_t* value_cache, const int64_t* block_tables, int64_t max_blocks,
                           const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs,
                           int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
-                          float* out);
+                          bool amx, float* out);
 
 }  // namespace fastdeploy_cpu

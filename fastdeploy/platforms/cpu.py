@@ -124,10 +124,13 @@ def fp8_kernel_path() -> str:
 
 def attention_kernel_paths() -> list[str]:
     """The paged-attention paths this CPU can run, best first (csrc/cpu/attention*.cc): bf16 KV caches
-    multiplied with AVX512-BF16 dot products (``vdpbf16ps``, attention_bf16.cc), then the build's fp32
-    path (AVX-512 or AVX2 registers, or plain C++), which also serves every fp32 cache."""
+    with the scores on AMX tiles and the rest on AVX512-BF16 dot products (``amx-bf16``), or all on the
+    dot products (``vdpbf16ps``, ``avx512-bf16``; attention_bf16.cc), then the build's fp32 path
+    (AVX-512 or AVX2 registers, or plain C++), which also serves every fp32 cache."""
     flags = cpu_flags()
-    bf16 = ["avx512-bf16"] if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"} <= flags else []
+    bf16 = []
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"} <= flags:
+        bf16 = (["amx-bf16"] if {"amx_tile", "amx_bf16"} <= flags else []) + ["avx512-bf16"]
     return bf16 + ["avx512" if cpu_has_avx512() else "avx2" if cpu_has_avx2_fma() else "scalar"]
 
 

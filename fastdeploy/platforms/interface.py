@@ -38,7 +38,7 @@ class OpBackend:
     paddle_fused_rms_norm: bool = False
     # "csrc" (fd_silu_and_mul) or "paddle" (F.swiglu).
     silu_and_mul: str = "paddle"
-    # Attention backend: the kernel path ("paged-avx512-bf16", "paged-avx512", "paged-avx2", "paged-scalar")
+    # Attention backend: the kernel path ("paged-amx-bf16", "paged-avx512-bf16", "paged-avx512", "paged-avx2", "paged-scalar")
     # or "paddle", and the class layers build.
     attention: str = "paddle"
     attn_backend_cls: str = PADDLE_ATTN_BACKEND
@@ -68,8 +68,9 @@ class OpBackend:
 
     @property
     def attn_isa(self) -> int:
-        """The attention ops' ``attn_isa`` argument: 1 multiplies bf16 caches with bf16 dot products, 0 in fp32."""
-        return 1 if self.attention == "paged-avx512-bf16" else 0
+        """The attention ops' ``attn_isa`` argument: 1 multiplies bf16 caches with bf16 dot products, 2 the same
+        with the scores on AMX tiles, 0 in fp32."""
+        return {"paged-avx512-bf16": 1, "paged-amx-bf16": 2}.get(self.attention, 0)
 
     def uses_kernel(self, op: str) -> bool:
         """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention", "fused_moe") runs our kernel."""

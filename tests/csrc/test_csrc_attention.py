@@ -3,8 +3,9 @@
 Mixed batches (decodes of different lengths, a fresh prefill, a later chunk over cached
 context, a prefill longer than one work tile), GQA, block sizes 4 and 16, the generic
 and the specialized head sizes, fp32 and bf16 caches, on the fp32 path (attn_isa 0) and, where
-the CPU has AVX512-BF16, the bf16 dot-product path (attn_isa 1); and batch invariance: a sequence
-gets bit-identical outputs alone or batched.
+the CPU has AVX512-BF16, the bf16 dot-product path (attn_isa 1), and where it has AMX, that path
+with the scores on AMX tiles (attn_isa 2); and batch invariance: a sequence gets bit-identical
+outputs alone or batched.
 """
 
 import numpy as np
@@ -88,54 +89,69 @@ def test_bf16_cache_matches_paddle_on_the_same_values(d):
 
 
 needs_bf16 = pytest.mark.skipif("avx512-bf16" not in attention_kernel_paths(), reason="no AVX512-BF16 on this CPU")
+needs_amx = pytest.mark.skipif("amx-bf16" not in attention_kernel_paths(), reason="no AMX-BF16 on this CPU")
+# The bf16 paths: dot products only (1), and the scores on AMX tiles (2).
+BF16_ISAS = [pytest.param(1, marks=needs_bf16), pytest.param(2, marks=needs_amx)]
 
 
-@needs_bf16
+@pytest.mark.parametrize("bf16_isa", BF16_ISAS)
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("block_size", [4, 16])
-def test_bf16_dot_products_match_paddle_within_bf16_rounding(d, block_size):
+@pytest.mark.parametrize("block_size", [4, 16, 32])
+def test_bf16_dot_products_match_paddle_within_bf16_rounding(d, block_size, bf16_isa):
     """The bf16 path rounds the scaled queries and the probabilities to bf16 (8 bits of mantissa):
     its rows stay within that rounding of the fp32 reference, and a wrong key, lane or block would
     be off by the size of the outputs themselves."""
     batch = Batch(d, block_size, SCHEDULE, cache_dtype="bfloat16")
     ref = batch.paddle_reference()
-    out = batch.kernel(attn_isa=1)
+    out = batch.kernel(attn_isa=bf16_isa)
     assert np.abs(out - ref).max() < 1e-2 * np.abs(ref).max()
     np.testing.assert_allclose(out, ref, rtol=5e-2, atol=5e-3)
     # Not the fp32 path under another name: the bf16 rounding shows.
     assert np.abs(out - batch.kernel(attn_isa=0)).max() > 1e-6
 
 
-@needs_bf16
-def test_bf16_path_leaves_other_head_dims_and_fp32_caches_to_the_fp32_path():
+@pytest.mark.parametrize("bf16_isa", BF16_ISAS)
+def test_bf16_path_leaves_other_head_dims_and_fp32_caches_to_the_fp32_path(bf16_isa):
     bf16_d16 = Batch(16, 16, SCHEDULE, cache_dtype="bfloat16")
-    np.testing.assert_array_equal(bf16_d16.kernel(attn_isa=1), bf16_d16.kernel(attn_isa=0))
+    np.testing.assert_array_equal(bf16_d16.kernel(attn_isa=bf16_isa), bf16_d16.kernel(attn_isa=0))
     fp32_d64 = Batch(64, 16, SCHEDULE)
-    np.testing.assert_array_equal(fp32_d64.kernel(attn_isa=1), fp32_d64.kernel(attn_isa=0))
+    np.testing.assert_array_equal(fp32_d64.kernel(attn_isa=bf16_isa), fp32_d64.kernel(attn_isa=0))
 
 
-@needs_bf16
-def test_bf16_path_long_context_decode():
-    """Decodes over 300-700 cached tokens (many key tiles, blocks crossed mid-tile with block size 12)."""
+@pytest.mark.parametrize("bf16_isa", BF16_ISAS)
+@pytest.mark.parametrize("block_size", [12, 16])
+def test_bf16_path_long_context_decode(bf16_isa, block_size):
+    """Decodes over 300-700 cached tokens (many key tiles; with block size 12 blocks are crossed mid-tile,
+    which the AMX path copies together, with 16 each full tile loads in place)."""
     schedule = [(300, 1), (517, 1), (700, 1), (0, 33)]
-    batch = Batch(64, 12, schedule, cache_dtype="bfloat16", seed=3)
+    batch = Batch(64, block_size, schedule, cache_dtype="bfloat16", seed=3)
     ref = batch.paddle_reference()
-    np.testing.assert_allclose(batch.kernel(attn_isa=1), ref, rtol=5e-2, atol=5e-3)
+    np.testing.assert_allclose(batch.kernel(attn_isa=bf16_isa), ref, rtol=5e-2, atol=5e-3)
 
 
-@needs_bf16
+@needs_amx
+def test_amx_scores_change_only_the_scores_summation():
+    """The AMX path sums each score in another order than the dot products: its outputs differ from
+    attn_isa 1's by at most that rounding (a wrong key, row or tile would be off by the outputs' size)."""
+    batch = Batch(64, 16, [(300, 1), (517, 1), (0, 33)], cache_dtype="bfloat16", seed=3, heads=(12, 2))
+    amx, dots = batch.kernel(attn_isa=2), batch.kernel(attn_isa=1)
+    assert np.abs(amx - dots).max() < 2e-3 * np.abs(dots).max()
+
+
+@pytest.mark.parametrize("bf16_isa", BF16_ISAS)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("heads", [(4, 4), (4, 2), (8, 2), (12, 2)])
-def test_bf16_path_every_group_of_rows(d, heads):
+def test_bf16_path_every_group_of_rows(d, heads, bf16_isa):
     """Query heads per kv head 1, 2, 4 and 6: a decode's rows (and a prefill tile's last rows) are 1 to 4
     at a time, each count its own compiled case; outputs match the reference and do not depend on the
     rest of the batch."""
     batch = Batch(d, 16, SCHEDULE, cache_dtype="bfloat16", seed=5, heads=heads)
-    np.testing.assert_allclose(batch.kernel(attn_isa=1), batch.paddle_reference(), rtol=5e-2, atol=5e-3)
-    assert_each_sequence_alone_equal(lambda: Batch(d, 16, SCHEDULE, cache_dtype="bfloat16", seed=5, heads=heads), 1)
+    np.testing.assert_allclose(batch.kernel(attn_isa=bf16_isa), batch.paddle_reference(), rtol=5e-2, atol=5e-3)
+    assert_each_sequence_alone_equal(lambda: Batch(d, 16, SCHEDULE, cache_dtype="bfloat16", seed=5, heads=heads),
+                                     bf16_isa)
 
 
-ATTN_ISAS = [0, pytest.param(1, marks=needs_bf16)]
+ATTN_ISAS = [0, *BF16_ISAS]
 
 
 @pytest.mark.parametrize("attn_isa", ATTN_ISAS)

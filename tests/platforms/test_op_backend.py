@@ -56,8 +56,9 @@ def test_kernel_backend_layers_run_the_kernels(checkpoint, kernel_calls):
     backend = current_platform.get_op_backend()
     fp32_path = "paged-avx512" if cpu_has_avx512() else "paged-avx2"
     bf16 = "avx512_bf16" in cpu_flags()
-    assert backend.attention == ("paged-avx512-bf16" if bf16 else fp32_path)
-    assert backend.attn_isa == (1 if bf16 else 0)
+    amx = bf16 and {"amx_tile", "amx_bf16"} <= cpu_flags()
+    assert backend.attention == ("paged-amx-bf16" if amx else "paged-avx512-bf16" if bf16 else fp32_path)
+    assert backend.attn_isa == (2 if amx else 1 if bf16 else 0)
     model = load_our_model(checkpoint)
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.attn.impl, CpuPagedAttentionImpl)
@@ -103,7 +104,7 @@ def test_fd_cpu_kernels_picks_the_backend_and_the_log_names_it(kernels, checkpoi
         assert "sampler: numpy" in line
         assert line.endswith("gguf: paddle")
     else:
-        assert "attention: paged-avx" in line and "rms_norm: csrc" in line and "sampler: csrc" in line
+        assert ("attention: paged-avx" in line or "attention: paged-amx" in line) and "rms_norm: csrc" in line and "sampler: csrc" in line
         assert line.endswith(f"gguf: {gguf_kernel_path()}")
     # The loader logs the chosen paths once, as the model is built.
     logged = [x for x in out.stderr.splitlines() if "Kernel paths:" in x]
@@ -127,12 +128,14 @@ def test_fd_cpu_attention_kernel_picks_the_attention_path(monkeypatch):
     paths = attention_kernel_paths()
     assert paths[-1] in ("avx512", "avx2", "scalar") and attention_kernel_path() == paths[0]
     assert ("avx512-bf16" in paths) == ("avx512_bf16" in cpu_flags())
+    assert ("amx-bf16" in paths) == ("avx512-bf16" in paths and {"amx_tile", "amx_bf16"} <= cpu_flags())
     for path in paths:
         monkeypatch.setenv("FD_CPU_ATTENTION_KERNEL", path)
         assert attention_kernel_path() == path
-        assert OpBackend(attention=f"paged-{path}").attn_isa == (1 if path == "avx512-bf16" else 0)
+        assert OpBackend(attention=f"paged-{path}").attn_isa == {"avx512-bf16": 1, "amx-bf16": 2}.get(path, 0)
     monkeypatch.setenv("FD_CPU_ATTENTION_KERNEL", "avx9")
-    with pytest.raises(ValueError, match="FD_CPU_ATTENTION_KERNEL must be auto, avx512-bf16, avx512, avx2 or scalar"):
+    with pytest.raises(ValueError,
+                       match="FD_CPU_ATTENTION_KERNEL must be auto, amx-bf16, avx512-bf16, avx512, avx2 or scalar"):
         attention_kernel_path()
     import fastdeploy.platforms.cpu as cpu
 
