@@ -169,6 +169,9 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
     // AMX: the scores of the tile at tile_key0 into buffer `buf` ([row group][16 keys][16 rows]). A
     // block's 16 slots load in place as the A tile; a tile spanning blocks or part filled is copied
     // together first (missing keys as zeros: finite scores, masked below).
+    // More than a decode's few rows read their scores from the C tile transposed once (16 loads, 64
+    // shuffles) rather than gathered (16 loads per row).
+    const bool transpose_scores = rows > kGroupRows;
     auto amx_scores = [&](int64_t tile_key0, int buf) {
       const int64_t n = std::min(kKeys, last_pos + 1 - tile_key0);
       const uint16_t* a;
@@ -200,6 +203,12 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
           _tile_dpbf16ps(0, 1, 2);
         }
         _tile_stored(0, st + g * kKeys * kTileRows, 64);
+        if (transpose_scores) {  // [16 keys][16 rows] -> [16 rows][16 keys]
+          __m512 t[16];
+          for (int k = 0; k < 16; ++k) t[k] = _mm512_loadu_ps(st + g * kKeys * kTileRows + k * kTileRows);
+          transpose16x16_regs(t);
+          for (int k = 0; k < 16; ++k) _mm512_storeu_ps(st + g * kKeys * kTileRows + k * kTileRows, t[k]);
+        }
       }
     };
     if constexpr (kAmx) amx_scores(0, 0);
@@ -294,12 +303,12 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
             alpha[rr] = 1.0f;
             continue;
           }
-          // AMX: the row's column of its group's C tile, key k at k * 16.
-          const __m512 sc = kAmx ? _mm512_i32gather_ps(key_lanes,
-                                                       tile_scores.data() + ((key0 / kKeys) & 1) * row_groups * kKeys * kTileRows +
-                                                           (r / kTileRows) * kKeys * kTileRows + r % kTileRows,
-                                                       4)
-                                 : _mm512_add_ps(s[rr][0], s[rr][1]);
+          // AMX: the row's column of its group's C tile (key k at k * 16), or its row once transposed.
+          const float* st =
+              tile_scores.data() + ((key0 / kKeys) & 1) * row_groups * kKeys * kTileRows + (r / kTileRows) * kKeys * kTileRows;
+          const __m512 sc = !kAmx              ? _mm512_add_ps(s[rr][0], s[rr][1])
+                            : transpose_scores ? _mm512_loadu_ps(st + (r % kTileRows) * kKeys)
+                                               : _mm512_i32gather_ps(key_lanes, st + r % kTileRows, 4);
           const __mmask16 keep = valid >= 16 ? __mmask16(0xffff) : __mmask16((1u << valid) - 1u);
           const float tile_max = _mm512_reduce_max_ps(_mm512_mask_blend_ps(keep, _mm512_set1_ps(-INFINITY), sc));
           // Most tiles after the first few do not raise the running max: alpha is then exactly 1 (as
