@@ -405,7 +405,8 @@ void paged_attention(const float* query, int64_t query_stride, const paddle::Ten
   const int64_t block_size = key_cache.shape()[1];
   const int64_t num_kv_heads = key_cache.shape()[2];
   const int64_t head_dim = key_cache.shape()[3];
-  PD_CHECK(attn_isa != kAttentionAmxBf16 || amx_bf16_usable(),
+  static const bool amx_usable = amx_bf16_usable();  // asked once, not per layer and step
+  PD_CHECK(attn_isa != kAttentionAmxBf16 || amx_usable,
            "paged_attention: attn_isa 2 (AMX) needs AMX-BF16 tiles, which this CPU or process cannot use.");
   if (is_bf16(key_cache) && (attn_isa == kAttentionBf16 || attn_isa == kAttentionAmxBf16) &&
       paged_attention_bf16(query, query_stride, static_cast<const uint16_t*>(key_cache.data()),

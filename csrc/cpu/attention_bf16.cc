@@ -245,15 +245,17 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
       if constexpr (kAmx) {
         if (key0 + kKeys <= last_pos) amx_scores(key0 + kKeys, ((key0 / kKeys) + 1) & 1);
       }
-      // Keys as [pair][key]; keys past num_keys are zeros (finite scores, masked below).
-      for (int c = 0; c < kChunks && !kAmx; ++c) {
-        __m512 r[16];
-        for (int64_t k = 0; k < kKeys; ++k)
-          r[k] = k < num_keys ? _mm512_loadu_ps(reinterpret_cast<const float*>(key_rows[k] + c * 32))
-                              : _mm512_setzero_ps();
-        transpose16x16_regs(r);
-        float* kt = reinterpret_cast<float*>(keys_t.data()) + c * 16 * kKeys;
-        for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + j * kKeys, r[j]);
+      // Keys as [pair][key] for the score dots; keys past num_keys are zeros (finite scores, masked below).
+      if constexpr (!kAmx) {
+        for (int c = 0; c < kChunks; ++c) {
+          __m512 r[16];
+          for (int64_t k = 0; k < kKeys; ++k)
+            r[k] = k < num_keys ? _mm512_loadu_ps(reinterpret_cast<const float*>(key_rows[k] + c * 32))
+                                : _mm512_setzero_ps();
+          transpose16x16_regs(r);
+          float* kt = reinterpret_cast<float*>(keys_t.data()) + c * 16 * kKeys;
+          for (int j = 0; j < 16; ++j) _mm512_storeu_ps(kt + j * kKeys, r[j]);
+        }
       }
       // Values of keys (2i, 2i + 1) interleaved per lane (chunk c: unpacklo, then unpackhi); a missing odd key
       // is zeros. An item of one pass of rows (a decode's group of heads) unpacks them where it multiplies;
@@ -282,15 +284,17 @@ void kernel(const float* query, int64_t query_stride, const uint16_t* key_cache,
         // Scores: two chains per row (even and odd pairs) keep the dot unit busy.
         __m512 s[R][2];
         for (int rr = 0; rr < R; ++rr) s[rr][0] = s[rr][1] = _mm512_setzero_ps();
+        if constexpr (!kAmx) {
 #pragma GCC unroll 4
-        for (int j = 0; j < (kAmx ? 0 : kPairs); j += 2) {
-          const __m512i k0 = _mm512_loadu_si512(keys_t.data() + j * kKeys);
-          const __m512i k1 = _mm512_loadu_si512(keys_t.data() + (j + 1) * kKeys);
+          for (int j = 0; j < kPairs; j += 2) {
+            const __m512i k0 = _mm512_loadu_si512(keys_t.data() + j * kKeys);
+            const __m512i k1 = _mm512_loadu_si512(keys_t.data() + (j + 1) * kKeys);
 #pragma GCC unroll 4
-          for (int rr = 0; rr < R; ++rr) {
-            const uint32_t* qp = q_pairs.data() + (r0 + rr) * kPairs + j;
-            s[rr][0] = dot_bcast(s[rr][0], k0, qp);
-            s[rr][1] = dot_bcast(s[rr][1], k1, qp + 1);
+            for (int rr = 0; rr < R; ++rr) {
+              const uint32_t* qp = q_pairs.data() + (r0 + rr) * kPairs + j;
+              s[rr][0] = dot_bcast(s[rr][0], k0, qp);
+              s[rr][1] = dot_bcast(s[rr][1], k1, qp + 1);
+            }
           }
         }
         float alpha[R];

@@ -128,9 +128,7 @@ def attention_kernel_paths() -> list[str]:
     dot products (``vdpbf16ps``, ``avx512-bf16``; attention_bf16.cc), then the build's fp32 path
     (AVX-512 or AVX2 registers, or plain C++), which also serves every fp32 cache."""
     flags = cpu_flags()
-    bf16 = []
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"} <= flags:
-        bf16 = (["amx-bf16"] if {"amx_tile", "amx_bf16"} <= flags else []) + ["avx512-bf16"]
+    bf16 = _bf16_pair_paths(flags) if "avx512dq" in flags else []  # attention_bf16.cc also uses AVX512-DQ
     return bf16 + ["avx512" if cpu_has_avx512() else "avx2" if cpu_has_avx2_fma() else "scalar"]
 
 
