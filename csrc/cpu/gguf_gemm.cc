@@ -711,12 +711,19 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
   if (m == 0 || n == 0) return;
   PD_CHECK(isa_supported(isa), "fd_gguf_linear: this CPU cannot run kernel path " + std::to_string(isa) + ".");
   const int64_t subs = k / 32, stride = half_stride(k);
+  // Too few rows for a tile take the VNNI tiles alone (the same bits either way).
+  if (isa == kGgufAmxInt8 && gguf_vnni::amx::amx_rows(m) == 0) isa = kGgufAvx512Vnni;
+  // The rows the activation buffers hold: AMX's part-filled last tile reads zero rows past m.
+  const int64_t rows_held = isa == kGgufAmxInt8 ? std::max(m, gguf_vnni::amx::amx_rows(m)) : m;
   thread_local std::vector<int8_t> q_buf;
   thread_local std::vector<float> d_buf, sums_buf, block_buf;
-  q_buf.resize(m * k);
-  d_buf.resize(m * subs);
-  sums_buf.assign(m * stride, 0.0f);
-  block_buf.resize(m * subs);
+  q_buf.resize(rows_held * k);
+  d_buf.resize(rows_held * subs);
+  sums_buf.assign(rows_held * stride, 0.0f);
+  block_buf.resize(rows_held * subs);
+  std::fill(q_buf.begin() + m * k, q_buf.begin() + rows_held * k, int8_t{0});
+  std::fill(d_buf.begin() + m * subs, d_buf.begin() + rows_held * subs, 0.0f);
+  std::fill(block_buf.begin() + m * subs, block_buf.begin() + rows_held * subs, 0.0f);
   int8_t* q = q_buf.data();
   float* d = d_buf.data();
   float* sums = sums_buf.data();
@@ -727,9 +734,6 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
     quantize(x + r * k, k, q + r * k, d + r * subs, sums + r * stride, blocks + r * subs);
   }
   const QuantizedActs acts{q, d, sums, blocks, stride};
-  // A step of fewer rows takes the VNNI tiles alone (the same bits either way): below a few row
-  // tiles AMX measured no faster (VNNI's time over AMX's: 16 rows 0.84, 32 1.01, 48 1.06, 256 1.13).
-  if (isa == kGgufAmxInt8 && m < gguf_vnni::amx::kMinRows) isa = kGgufAvx512Vnni;
 
   // Each thread takes a contiguous range of every segment's tiles: the weights are read once in
   // all, and which thread computes a column changes nothing in it.

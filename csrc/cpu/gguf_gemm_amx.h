@@ -9,8 +9,9 @@
 // as the VNNI path's `vpdpbusd` chains, exactly (integer additions, no saturation). The fp32 steps
 // after them are the VNNI path's, in its order (per row acc = fma(float(sum), dx * dw, acc) per
 // scale unit in the order of K, the offset and min terms as their own chain, then acc + acc_t +
-// bias), so a row's result has the same bits on either path: whole 16-row tiles go to AMX and
-// the rest of the rows to the VNNI tiles, and no row depends on which.
+// bias), so a row's result has the same bits on either path: 16-row tiles go to AMX (a part-filled
+// last one with zero rows, see amx_rows) and the rest of the rows to the VNNI tiles, and no row
+// depends on which.
 //
 // Tiles: tmm0 / tmm1 activations, tmm2 / tmm3 weights, tmm4..7 sums, used in turn so that the
 // next units' multiplies run while one unit's sums are stored and another's scaled.
@@ -18,7 +19,21 @@
 namespace amx {
 
 constexpr int kTileRows = 16;
-constexpr int64_t kMinRows = 64;  // the rows of a call below which gguf_gemm keeps to the VNNI tiles
+// A part-filled last tile of at least kPadRows rows runs on AMX too, its missing rows zeros. A
+// decode step's rows are one call's: up to 12 the VNNI tiles are faster, at 13 level, from 14 AMX is faster
+// (`benchmarks/benchmark_gguf_rows.py`, Sapphire Rapids, one thread, the default model's 30 layers
+// of Q4_1 from memory + its Q8_0 LM head, ms VNNI / AMX: 12 rows 14.1 + 2.2 either way, 13 15.2 +
+// 2.5 / 14.9 + 2.7, 14 15.4 + 2.7 / 14.4 + 2.8, 16 16.5 + 2.8 / 14.8 + 2.8, 48 36.9 + 9.9 / 27.8 +
+// 7.3; results/gguf_rows_spr_2026-12-06.json). A tail of 8 beside whole tiles was slower padded
+// than on VNNI (24 rows: 23.3 + 5.3 vs 21.9 + 4.9, results/gguf_rows_pad8_spr_2026-12-06.json).
+constexpr int64_t kPadRows = 13;
+
+// The rows of a call of m rows multiplied on AMX (0: none, the call runs on the VNNI tiles).
+inline int64_t amx_rows(int64_t m) {
+  const int64_t tail = m % kTileRows;
+  return m - tail + (tail >= kPadRows ? kTileRows : 0);
+}
+
 constexpr int64_t kSubDecoded = 512;  // a sub-block's quants as 8 tile rows of 64 bytes
 
 // Elements one weight scale covers: what one tile multiply sums.
@@ -87,8 +102,8 @@ RowTileActs transpose_row_tile(const QuantizedActs& a, int64_t k, int64_t r0, fl
 
 // Rows [r0, r0 + 16) (prepared in `ra`) x the 16 columns of tile `tw` (decoded in `dec`).
 template <class B>
-void row_tile(const RowTileActs& ra, int64_t k, const uint8_t* tw, const uint8_t* dec, int64_t r0, int64_t c0,
-              int64_t ncols, const float* bias, float* out, int64_t ldo) {
+void row_tile(const RowTileActs& ra, int64_t k, const uint8_t* tw, const uint8_t* dec, int64_t r0, int64_t valid,
+              int64_t c0, int64_t ncols, const float* bias, float* out, int64_t ldo) {
   constexpr int off = offset<B>();
   constexpr bool kTerm = off != 0 || B::kHasMin;
   constexpr int kUnit = unit_elems<B>(), kUnits = 32 / kUnit;
@@ -180,17 +195,20 @@ void row_tile(const RowTileActs& ra, int64_t k, const uint8_t* tw, const uint8_t
   const __mmask16 cols = static_cast<__mmask16>((1u << ncols) - 1);
   const typename Ops::F b = bias != nullptr ? _mm512_maskz_loadu_ps(cols, bias + c0) : Ops::zero();
 #pragma GCC unroll 16
-  for (int r = 0; r < kTileRows; ++r) _mm512_mask_storeu_ps(out + (r0 + r) * ldo + c0, cols, Ops::add(Ops::loadf(total[r]), b));
+  for (int r = 0; r < kTileRows; ++r) {
+    if (r < valid) _mm512_mask_storeu_ps(out + (r0 + r) * ldo + c0, cols, Ops::add(Ops::loadf(total[r]), b));
+  }
 }
 
-// Tiles [tb, te) of a segment for all rows: each tile decoded once, then every whole 16-row tile
-// against it on AMX and the remaining rows on the VNNI tiles. (Chunks of 2-5 tiles decoded
+// Tiles [tb, te) of a segment for all rows: each tile decoded once, then every 16-row tile of
+// amx_rows(m) against it on AMX (the activation buffers hold that many rows, zeros past m; only
+// rows below m are stored) and the remaining rows on the VNNI tiles. (Chunks of 2-5 tiles decoded
 // together, so that a row tile's activations are reused across them in L1, measured no faster.)
 template <class B>
 void tiles(const QuantizedActs& a, int64_t m, int64_t k, const uint8_t* w, int64_t n, int64_t tb, int64_t te,
            const float* bias, float* out, int64_t ldo) {
   const int64_t subs = k / 32, tile_bytes = subs * packed_sub_bytes<B>();
-  const int64_t m_amx = m / kTileRows * kTileRows, num_row_tiles = m_amx / kTileRows;
+  const int64_t m_amx = amx_rows(m), num_row_tiles = m_amx / kTileRows;
   thread_local std::vector<uint8_t> decoded;
   if (static_cast<int64_t>(decoded.size()) < subs * kSubDecoded) decoded.resize(subs * kSubDecoded);
   // Every row tile's scales and sums transposed once per call (per tile they took a sixth of the time).
@@ -208,7 +226,8 @@ void tiles(const QuantizedActs& a, int64_t m, int64_t k, const uint8_t* w, int64
     const int64_t c0 = t * kTileCols, ncols = std::min<int64_t>(kTileCols, n - c0);
     decode_tile<B>(tw, subs, decoded.data());
     for (int64_t i = 0; i < num_row_tiles; ++i) {
-      row_tile<B>(row_tiles[i], k, tw, decoded.data(), i * kTileRows, c0, ncols, bias, out, ldo);
+      row_tile<B>(row_tiles[i], k, tw, decoded.data(), i * kTileRows, std::min<int64_t>(kTileRows, m - i * kTileRows),
+                  c0, ncols, bias, out, ldo);
     }
     for (int64_t r = m_amx; r < m; r += Ops::kRows) {
       const int rows = static_cast<int>(std::min<int64_t>(Ops::kRows, m - r));

@@ -121,15 +121,18 @@ def test_a_row_is_independent_of_the_batch_and_the_thread_count(qtype, path):
 @pytest.mark.skipif("amx-int8" not in PATHS, reason="this CPU has no AMX-INT8")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_amx_tiles_give_the_vnni_paths_bits(qtype):
-    """amx-int8 multiplies whole 16-row tiles on AMX and the other rows on VNNI registers: every row is
-    the VNNI path's bit for bit, so a row never depends on which unit computed it."""
+    """amx-int8 multiplies 16-row tiles on AMX (a part-filled last one padded with zero rows) and the
+    other rows on VNNI registers: every row is the VNNI path's bit for bit, so a row never depends on
+    which unit computed it."""
     n = 45  # two full column tiles and a part-filled one
     w = random_blocks(qtype, n, K)
     bias = rng.standard_normal(n).astype(np.float32)
-    for m in (63, 64, 65, 80, 97):  # AMX takes calls of 64 rows or more, and their whole 16-row tiles
+    # VNNI alone (1, 12); one padded tile (13, 15); whole tiles, the tail on VNNI (24, 65, 97) or padded (29, 63)
+    for m in (1, 12, 13, 15, 16, 24, 29, 63, 64, 65, 80, 97):
         x = rng.standard_normal((m, K)).astype(np.float32)
-        np.testing.assert_array_equal(linear(x, w, [int(qtype), n], "amx-int8", bias),
-                                      linear(x, w, [int(qtype), n], "avx512-vnni", bias), err_msg=f"M={m}")
+        got = linear(x, w, [int(qtype), n], "amx-int8", bias)
+        assert got.shape == (m, n)
+        np.testing.assert_array_equal(got, linear(x, w, [int(qtype), n], "avx512-vnni", bias), err_msg=f"M={m}")
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
