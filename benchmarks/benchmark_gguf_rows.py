@@ -1,11 +1,12 @@
-"""GGUF block matmuls by batch rows on each kernel path this CPU runs, weights read from memory.
+"""GGUF block matmuls by batch rows on each kernel path this CPU runs, the weights streamed as a step streams them.
 
-A decode step of M sequences multiplies M activation rows by every layer's weights once. Here
-the default model's 30 layers of Q4_1 projections (qkv, o, gate_up, down, each layer its own
-weights: 66 MB, more than the CPU's caches) and its Q8_0 LM head (49152 x 576) are multiplied
-for each row count on every GGUF kernel path (``amx-int8`` rows a part-filled tile per its
-threshold, see csrc/cpu/gguf_gemm_amx.h), the paths taking turns round by round; medians of
-``--reps`` rounds, ms per step (Python's per-call cost included, the same on every path).
+A decode step of M sequences multiplies M activation rows by every layer's weights once. Here the
+default model's 30 layers of Q4_1 projections (qkv, o, gate_up, down, each layer its own weights:
+66 MB, far more than L2, so each call reads them from L3 or memory as a model step does; one layer
+repeated would sit in L2) and its Q8_0 LM head (49152 x 576) are multiplied for each row count on
+every GGUF kernel path (``amx-int8`` rows a part-filled tile per its threshold, see
+csrc/cpu/gguf_gemm_amx.h), the paths taking turns round by round; medians of ``--reps`` rounds, ms
+per step (Python's per-call cost included, the same on every path).
 
     python benchmarks/benchmark_gguf_rows.py --out benchmarks/results/gguf_rows_spr_2026-12-06.json
 """

@@ -20,12 +20,13 @@ namespace amx {
 
 constexpr int kTileRows = 16;
 // A part-filled last tile of at least kPadRows rows runs on AMX too, its missing rows zeros. A
-// decode step's rows are one call's: up to 12 the VNNI tiles are faster, at 13 level, from 14 AMX is faster
-// (`benchmarks/benchmark_gguf_rows.py`, Sapphire Rapids, one thread, the default model's 30 layers
-// of Q4_1 from memory + its Q8_0 LM head, ms VNNI / AMX: 12 rows 14.1 + 2.2 either way, 13 15.2 +
-// 2.5 / 14.9 + 2.7, 14 15.4 + 2.7 / 14.4 + 2.8, 16 16.5 + 2.8 / 14.8 + 2.8, 48 36.9 + 9.9 / 27.8 +
-// 7.3; results/gguf_rows_spr_2026-12-06.json). A tail of 8 beside whole tiles was slower padded
-// than on VNNI (24 rows: 23.3 + 5.3 vs 21.9 + 4.9, results/gguf_rows_pad8_spr_2026-12-06.json).
+// decode step's rows are one call's: up to 12 the VNNI tiles are faster, at 13 level, from 14 AMX
+// is faster (`benchmarks/benchmark_gguf_rows.py`, Sapphire Rapids, one thread, the default model's
+// 30 layers of Q4_1, 66 MB streamed past L2 as a step streams them, + its Q8_0 LM head, ms VNNI /
+// AMX: 12 rows 14.1 + 2.2 either way, 13 15.2 + 2.5 / 14.9 + 2.7, 14 15.4 + 2.7 / 14.4 + 2.8, 16
+// 16.5 + 2.8 / 14.8 + 2.8, 48 36.9 + 9.9 / 27.8 + 7.3; results/gguf_rows_spr_2026-12-06.json). A
+// tail of 8 beside whole tiles was slower padded than on VNNI (24 rows: 23.3 + 5.3 vs 21.9 + 4.9,
+// results/gguf_rows_pad8_spr_2026-12-06.json).
 constexpr int64_t kPadRows = 13;
 
 // The rows of a call of m rows multiplied on AMX (0: none, the call runs on the VNNI tiles).
