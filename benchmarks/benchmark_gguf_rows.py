@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from benchmark_kernels import default_model_matmuls
 from interleaved import interleaved_medians, write_result
 
 import fastdeploy  # noqa: F401  (before paddle's import, which brings torch's OpenMP runtime first otherwise)
@@ -37,26 +38,21 @@ def main() -> None:
     from fastdeploy import _custom_ops as ops
     from fastdeploy.model_executor.layers.quantization.gguf import KERNEL_PATHS, random_blocks
     from fastdeploy.platforms.cpu import gguf_kernel_paths
-    from fastdeploy.transformers_utils.config import get_hf_config
-    from fastdeploy.transformers_utils.model_resolver import resolve_model
 
     _C.omp_thread_control().set_threads(args.threads)
-    cfg = get_hf_config(*resolve_model("SmolLM2-135M-Instruct"), False)
-    h, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.hidden_size // cfg.num_attention_heads
-    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+    num_layers, layer_shapes, head_shape = default_model_matmuls()
     rng = np.random.default_rng(0)
 
     def packed(ggml_type: int, k: int, n: int) -> tuple[paddle.Tensor, list[int], int]:
         blocks = random_blocks(ggml_type, n, k, rng).reshape(-1)
         return ops.gguf_pack(paddle.to_tensor(blocks), [ggml_type, n], k), [ggml_type, n], k
 
-    layers = [[packed(Q4_1, k, n) for k, n in ((h, qkv), (h, h), (h, 2 * inter), (inter, h))]
-              for _ in range(cfg.num_hidden_layers)]
-    head = packed(Q8_0, h, cfg.vocab_size)
+    layers = [[packed(Q4_1, k, n) for k, n in layer_shapes] for _ in range(num_layers)]
+    head = packed(Q8_0, *head_shape)
     paths = {path: KERNEL_PATHS[path] for path in gguf_kernel_paths() if path != "scalar"}
     rows = {}
     for m in args.rows:
-        xs = {k: paddle.to_tensor(rng.standard_normal((m, k)).astype(np.float32)) for k in (h, inter)}
+        xs = {k: paddle.to_tensor(rng.standard_normal((m, k)).astype(np.float32)) for k, _ in layer_shapes}
 
         def body(isa: int, xs=xs) -> None:
             for layer in layers:
@@ -64,14 +60,14 @@ def main() -> None:
                     ops.gguf_linear(xs[k], w, None, segments, isa)
 
         def lm_head(isa: int, xs=xs) -> None:
-            ops.gguf_linear(xs[h], head[0], None, head[1], isa)
+            ops.gguf_linear(xs[head_shape[0]], head[0], None, head[1], isa)
 
         body_ms = interleaved_medians({p: lambda isa=isa: body(isa) for p, isa in paths.items()}, args.reps)
         head_ms = interleaved_medians({p: lambda isa=isa: lm_head(isa) for p, isa in paths.items()}, args.reps * 3)
         rows[m] = {f"{p}_q4_1_layers_ms": round(v / 1e3, 2) for p, v in body_ms.items()} | {
             f"{p}_q8_0_lm_head_ms": round(v / 1e3, 3) for p, v in head_ms.items()}
         print(f"M={m}: " + ", ".join(f"{p} {body_ms[p] / 1e3:.2f} + {head_ms[p] / 1e3:.2f} ms" for p in paths), flush=True)
-    write_result(args.out, {"threads": args.threads, "reps": args.reps, "layers": cfg.num_hidden_layers,
+    write_result(args.out, {"threads": args.threads, "reps": args.reps, "layers": num_layers,
                             "paths": list(paths), "rows": rows})
 
 

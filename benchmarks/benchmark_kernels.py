@@ -215,6 +215,18 @@ def _median_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def default_model_matmuls() -> tuple[int, list[tuple[int, int]], tuple[int, int]]:
+    """The default model's matmul shapes as (K, N): its layer count, one layer's projections (qkv, o,
+    gate_up, down) and its LM head."""
+    from fastdeploy.transformers_utils.config import get_hf_config
+    from fastdeploy.transformers_utils.model_resolver import resolve_model
+
+    cfg = get_hf_config(*resolve_model("SmolLM2-135M-Instruct"), False)
+    h, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.hidden_size // cfg.num_attention_heads
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
+    return cfg.num_hidden_layers, [(h, qkv), (h, h), (h, 2 * inter), (inter, h)], (h, cfg.vocab_size)
+
+
 def measure_formats(prefill_len: int) -> dict:
     """Child process: per GGUF format, the default model's matmuls of a decode step and a prefill (ms)."""
     import numpy as np
@@ -223,14 +235,8 @@ def measure_formats(prefill_len: int) -> dict:
     from fastdeploy import _custom_ops as ops
     from fastdeploy.model_executor.custom_op import get_op_backend
     from fastdeploy.model_executor.layers.quantization.gguf import GGUF_KERNEL_TYPES, KERNEL_PATHS, random_blocks
-    from fastdeploy.transformers_utils.config import get_hf_config
-    from fastdeploy.transformers_utils.model_resolver import resolve_model
 
-    cfg = get_hf_config(*resolve_model("SmolLM2-135M-Instruct"), False)
-    h, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.hidden_size // cfg.num_attention_heads
-    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * d
-    layer_shapes = [(h, qkv), (h, h), (h, 2 * inter), (inter, h)]  # (K, N): qkv, o, gate_up, down
-    head = (h, cfg.vocab_size)
+    num_layers, layer_shapes, head = default_model_matmuls()
     rng = np.random.default_rng(0)
     isa = KERNEL_PATHS[get_op_backend().gguf]
     xs: dict[tuple[int, int], paddle.Tensor] = {}
@@ -242,9 +248,8 @@ def measure_formats(prefill_len: int) -> dict:
 
     def step_ms(run) -> dict:
         """run(k, n, m) -> ms of one matmul; a decode step = layers x shapes + head, a prefill without the head."""
-        layers = cfg.num_hidden_layers
-        decode = layers * sum(run(k, n, 1) for k, n in layer_shapes) + run(*head, 1)
-        prefill = layers * sum(run(k, n, prefill_len) for k, n in layer_shapes)
+        decode = num_layers * sum(run(k, n, 1) for k, n in layer_shapes) + run(*head, 1)
+        prefill = num_layers * sum(run(k, n, prefill_len) for k, n in layer_shapes)
         return {"decode_matmuls_ms": round(decode, 2), f"prefill_{prefill_len}_matmuls_ms": round(prefill, 2)}
 
     def bf16(k: int, n: int, m: int) -> float:
