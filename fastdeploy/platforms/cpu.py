@@ -21,6 +21,7 @@ from fastdeploy.platforms.cpu_features import (  # noqa: F401 - the platform's C
     cpu_isa,
     cpuinfo,
 )
+from fastdeploy.platforms.huge_pages import thp_mode
 from fastdeploy.platforms.interface import PADDLE_ATTN_BACKEND, OpBackend, Platform, PlatformEnum
 
 if TYPE_CHECKING:
@@ -305,6 +306,7 @@ class CpuPlatform(Platform):
                 w8a8_weight_max=w8a8_weight_max,
                 fp8=fp8_kernel_path() if "fd_fp8_linear" in built else "paddle",
                 sampler="csrc" if {"fd_exp_scaled", "fd_inverse_cdf_sample", "fd_sample_random"} <= built else "numpy",
+                huge_pages=envs.cpu_huge_pages_enabled() and thp_mode() in ("always", "madvise"),
             )
         return self._op_backend
 

@@ -65,6 +65,8 @@ class OpBackend:
     # Random sampling's full-vocabulary passes (temperature + exp, inverse-CDF draw): "csrc"
     # (csrc/cpu/sampling.cc) or "numpy".
     sampler: str = "numpy"
+    # Whether the weights and the KV cache get 2 MB transparent huge pages (platforms/huge_pages.py).
+    huge_pages: bool = False
 
     @property
     def attn_isa(self) -> int:
@@ -85,7 +87,7 @@ class OpBackend:
         layer = "fused" if self.decoder_layer else "per-op"
         return (f"linear: {linear}{isa}, attention: {self.attention}, rms_norm: {norm}, "
                 f"silu_and_mul: {self.silu_and_mul}, fused_moe: {self.fused_moe}, decoder layer: {layer}, "
-                f"sampler: {self.sampler}, gguf: {self.gguf}")
+                f"sampler: {self.sampler}, gguf: {self.gguf}, huge pages: {'on' if self.huge_pages else 'off'}")
 
 
 class Platform:

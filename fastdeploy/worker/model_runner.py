@@ -20,6 +20,7 @@ from fastdeploy.model_executor.layers.attention.kv_cache_spec import FullAttenti
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, logprobs_of_rows
 from fastdeploy.model_executor.model_loader import get_model
+from fastdeploy.platforms.huge_pages import back_with_huge_pages, tensor_buffers
 from fastdeploy.spec_decode.drafter import Drafter
 from fastdeploy.spec_decode.spec_batch import accept_verified, output_rows, spec_grammar_rows, write_draft_tokens
 from fastdeploy.worker.input_batch import CachedRequestState, InputBatch
@@ -122,8 +123,14 @@ class ModelRunner:
         budget costs memory only as it fills.
         """
         self.kv_caches = [spec.allocate(num_blocks, self.block_size) for spec in self.kv_cache_specs()]
+        caches = [self.kv_caches]
         if self.drafter is not None:
             self.drafter.initialize_kv_cache(num_blocks)
+            caches += [p.kv_caches for p in (self.drafter.draft_model, self.drafter.mtp) if p is not None]
+        if get_op_backend().huge_pages:
+            # Not yet written: advised only, so each 2 MB page is allocated when a block in it is first written.
+            advised = back_with_huge_pages(tensor_buffers(caches), written=False).advised
+            logger.debug("KV cache: %d MB advised to 2 MB pages.", advised >> 20)
 
     # ---- batch state -------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:

@@ -102,10 +102,10 @@ def test_fd_cpu_kernels_picks_the_backend_and_the_log_names_it(kernels, checkpoi
     if kernels == "0":
         assert "linear: paddle-fp32" in line and "attention: paddle" in line and "decoder layer: per-op" in line
         assert "sampler: numpy" in line
-        assert line.endswith("gguf: paddle")
+        assert "gguf: paddle, huge pages: " in line
     else:
         assert ("attention: paged-avx" in line or "attention: paged-amx" in line) and "rms_norm: csrc" in line and "sampler: csrc" in line
-        assert line.endswith(f"gguf: {gguf_kernel_path()}")
+        assert f"gguf: {gguf_kernel_path()}, huge pages: " in line
     # The loader logs the chosen paths once, as the model is built.
     logged = [x for x in out.stderr.splitlines() if "Kernel paths:" in x]
     assert len(logged) == 1 and line.removeprefix("BACKEND ") in logged[0]
@@ -116,10 +116,10 @@ def test_describe_names_each_path():
                         decoder_layer=True, isa="AVX2", gguf="avx2", sampler="csrc")
     assert backend.describe("bfloat16") == ("linear: panel-bf16 (AVX2), attention: paged-avx2, rms_norm: csrc, "
                                             "silu_and_mul: csrc, fused_moe: paddle, decoder layer: fused, "
-                                            "sampler: csrc, gguf: avx2")
-    assert OpBackend(paddle_fused_rms_norm=True).describe() == (
+                                            "sampler: csrc, gguf: avx2, huge pages: off")
+    assert OpBackend(paddle_fused_rms_norm=True, huge_pages=True).describe() == (
         "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, fused_moe: paddle, "
-        "decoder layer: per-op, sampler: numpy, gguf: paddle")
+        "decoder layer: per-op, sampler: numpy, gguf: paddle, huge pages: on")
 
 
 def test_fd_cpu_attention_kernel_picks_the_attention_path(monkeypatch):

@@ -1,0 +1,139 @@
+"""Weights and KV caches in 2 MB transparent huge pages: the spans advised, and what the kernel then maps."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+
+from fastdeploy.platforms.huge_pages import (
+    HUGE_PAGE_BYTES,
+    anon_huge_bytes,
+    back_with_huge_pages,
+    huge_page_spans,
+    private_anonymous_ranges,
+    tensor_buffers,
+    thp_mode,
+)
+from tests.model_executor.utils import build_tiny_checkpoint
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MB = 1 << 20
+PAGE = HUGE_PAGE_BYTES
+
+needs_thp = pytest.mark.skipif(thp_mode() not in ("always", "madvise"),
+                               reason=f"transparent huge pages are {thp_mode()} on this kernel")
+
+
+def _collapse_works() -> bool:
+    probe = paddle.ones([4 * MB], dtype="uint8")
+    return back_with_huge_pages([(probe.data_ptr(), 4 * MB)], written=True).error is None
+
+
+def test_thp_mode_reads_the_selected_word(tmp_path):
+    path = tmp_path / "enabled"
+    path.write_text("always [madvise] never\n")
+    assert thp_mode(str(path)) == "madvise"
+    path.write_text("[always] madvise never\n")
+    assert thp_mode(str(path)) == "always"
+    assert thp_mode(str(tmp_path / "missing")) == "unavailable"
+
+
+def test_spans_round_merge_and_stay_inside_anonymous_memory():
+    anonymous = [(0, 100 * PAGE)]
+    # Two small buffers in one page and a third in the next: one span of two pages outward, nothing inward.
+    small = [(PAGE + 100, 1000), (PAGE + 5000, 1000), (2 * PAGE + 10, 64)]
+    assert huge_page_spans(small, anonymous, outward=True) == [(PAGE, 3 * PAGE)]
+    assert huge_page_spans(small, anonymous, outward=False) == []
+    # A large buffer not on a page boundary: inward keeps the pages it covers whole.
+    large = [(PAGE + 1, 5 * PAGE)]
+    assert huge_page_spans(large, anonymous, outward=False) == [(2 * PAGE, 6 * PAGE)]
+    assert huge_page_spans(large, anonymous, outward=True) == [(PAGE, 7 * PAGE)]
+    # Only the whole pages of anonymous mappings are advised (file mappings and gaps are not).
+    assert huge_page_spans(large, [(0, 3 * PAGE + 7), (5 * PAGE, 20 * PAGE)], outward=True) == [
+        (PAGE, 3 * PAGE), (5 * PAGE, 7 * PAGE)]
+    assert huge_page_spans([(PAGE, 0)], anonymous, outward=True) == []
+
+
+def test_private_anonymous_ranges_hold_a_tensor():
+    t = paddle.ones([3 * MB], dtype="uint8")
+    assert any(start <= t.data_ptr() < end for start, end in private_anonymous_ranges())
+
+
+def test_tensor_buffers_find_parameters_and_packed_attributes():
+    layer = paddle.nn.Linear(64, 32)
+    packed = (paddle.zeros([1000], dtype="uint8"), [paddle.zeros([7], dtype="float32")])
+    layer.packed = packed  # what a kernel's packed weight looks like on a layer: a tuple of tensors
+    outer = paddle.nn.Sequential(layer)
+    found = dict(tensor_buffers([outer]))
+    assert found[layer.weight.data_ptr()] == 64 * 32 * 4
+    assert found[layer.bias.data_ptr()] == 32 * 4
+    assert found[packed[0].data_ptr()] == 1000
+    assert found[packed[1][0].data_ptr()] == 28
+    assert dict(tensor_buffers([outer], min_bytes=512)).keys() == {layer.weight.data_ptr(), packed[0].data_ptr()}
+
+
+@needs_thp
+def test_written_memory_is_collapsed_in_place():
+    if not _collapse_works():
+        pytest.skip("MADV_COLLAPSE is refused here (a kernel before 6.1)")
+    values = np.random.default_rng(0).integers(0, 255, 8 * MB, dtype=np.uint8)
+    t = paddle.to_tensor(values)
+    assert anon_huge_bytes(t.data_ptr(), t.numel().item()) == 0 or thp_mode() == "always"
+    result = back_with_huge_pages(tensor_buffers([t]), written=True)
+    # A tensor in a mapping of its own: the pages it fills whole (its mapping's ends are not 2 MB aligned).
+    assert result.error is None and result.collapsed >= 8 * MB - 2 * PAGE
+    assert anon_huge_bytes(t.data_ptr(), t.numel().item()) >= 8 * MB - 2 * PAGE
+    np.testing.assert_array_equal(t.numpy(), values)  # same addresses, same bytes
+
+
+@needs_thp
+def test_unwritten_memory_gets_huge_pages_when_first_written():
+    t = paddle.empty([16 * MB], dtype="uint8")
+    result = back_with_huge_pages(tensor_buffers([t]), written=False)
+    assert result.error is None and result.collapsed == 0 and result.advised >= 14 * MB
+    t[:] = 3
+    assert anon_huge_bytes(t.data_ptr(), t.numel().item()) >= 14 * MB
+    assert int(t.astype("int64").sum()) == 3 * 16 * MB
+
+
+@needs_thp
+def test_a_workers_weights_and_kv_cache_are_in_huge_pages(tmp_path):
+    if not _collapse_works():
+        pytest.skip("MADV_COLLAPSE is refused here (a kernel before 6.1)")
+    from fastdeploy.engine.arg_utils import EngineArgs
+    from fastdeploy.worker.worker import Worker
+
+    path = build_tiny_checkpoint("LlamaForCausalLM", tmp_path)
+    config = EngineArgs(model=path, kv_cache_memory_bytes=64 * MB, dtype="float32", block_size=16,
+                        skip_tokenizer_init=True).create_engine_config()
+    worker = Worker(config)
+    worker.load_model()
+    weights = tensor_buffers([worker.model_runner.model])
+    # All but those in a mapping's first or last partial 2 MB (which stay in 4 KB pages).
+    huge = sum(size for address, size in weights if anon_huge_bytes(address, size) > 0)
+    assert huge >= 0.5 * sum(size for _, size in weights)
+    worker.initialize_cache(worker.determine_num_available_blocks())
+    key_cache = worker.model_runner.kv_caches[0][0]
+    assert key_cache.numel() * key_cache.element_size() >= 4 * MB
+    key_cache[:] = 1.0  # written as a prefill writes it: each 2 MB page arrives whole
+    assert anon_huge_bytes(key_cache.data_ptr(), key_cache.numel().item() * 4) >= 2 * MB
+
+
+def test_the_platform_turns_huge_pages_on_where_the_kernel_offers_them():
+    from fastdeploy.platforms import current_platform
+
+    backend = current_platform.get_op_backend()
+    if os.environ.get("FD_CPU_HUGE_PAGES") in (None, "", "1"):
+        assert backend.huge_pages == (thp_mode() in ("always", "madvise"))
+    assert f"huge pages: {'on' if backend.huge_pages else 'off'}" in backend.describe()
+
+
+def test_the_switch_turns_huge_pages_off():
+    code = "from fastdeploy.platforms import current_platform as p; print(p.get_op_backend().huge_pages)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FD_CPU_HUGE_PAGES": "0"},
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "False"
