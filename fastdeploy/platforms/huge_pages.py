@@ -8,7 +8,7 @@ Measured on a Sapphire Rapids core (one thread, 330 tokens of context;
 ``benchmarks/benchmark_huge_pages.py``), 2 MB pages made a decode step 11-13% faster at one
 sequence and 5-6% at 16 (the default model's GGUF and its weights in bf16).
 
-Weights are already written when the model is loaded, so their pages are collapsed in place
+Weights are already written when the model runner has loaded them, so their pages are collapsed in place
 (``MADV_COLLAPSE``, Linux 6.1+; the contents move to 2 MB pages at the same addresses). The KV cache
 is allocated untouched (``paddle.empty``), so it is only advised: its pages come as 2 MB pages when
 first written, and a large cache still costs memory only as it fills. Only private anonymous memory
@@ -28,6 +28,10 @@ from typing import Any
 
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 HUGE_PAGE_BYTES = 2 << 20
+# Weights below this are left in 4 KB pages, and so is their KV cache: the second-level TLB's 4 KB
+# entries (1,536-2,048 on recent x86 cores) already reach 6-8 MB, and collapsing costs a copy into
+# fresh pages (a test suite's tiny models loaded 17% slower with it).
+MIN_MODEL_BYTES = 16 << 20
 # <linux/mman.h> (asm-generic): the same numbers on x86-64 and aarch64.
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25

@@ -8,6 +8,8 @@ mapping and block-table lookups are computed with numpy over the persistent
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import paddle
 
@@ -20,6 +22,7 @@ from fastdeploy.model_executor.layers.attention.kv_cache_spec import FullAttenti
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, logprobs_of_rows
 from fastdeploy.model_executor.model_loader import get_model
+from fastdeploy.platforms import huge_pages
 from fastdeploy.platforms.huge_pages import back_with_huge_pages, tensor_buffers
 from fastdeploy.spec_decode.drafter import Drafter
 from fastdeploy.spec_decode.spec_batch import accept_verified, output_rows, spec_grammar_rows, write_draft_tokens
@@ -81,6 +84,8 @@ class ModelRunner:
         self.drafter = Drafter(fd_config) if fd_config.speculative_config is not None else None
         # Multimodal models: M-RoPE positions and the encoder cache (fastdeploy.multimodal.runner).
         self.mm_state = None
+        # Whether the weights went to 2 MB pages at load, and so the KV cache goes too.
+        self.huge_pages = False
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -94,6 +99,26 @@ class ModelRunner:
             from fastdeploy.multimodal.runner import MultiModalRunnerState
 
             self.mm_state = MultiModalRunnerState(self.model)
+        self.huge_pages = get_op_backend().huge_pages and self._weights_to_huge_pages()
+
+    def _weights_to_huge_pages(self) -> bool:
+        """Move the loaded (and packed) weights to 2 MB pages, every decode step streams all of them;
+        False (4 KB pages kept) for a model too small to gain (``huge_pages.MIN_MODEL_BYTES``)."""
+        start = time.perf_counter()
+        models = [self.model]
+        if self.drafter is not None and self.drafter.draft_model is not None:
+            models.append(self.drafter.draft_model.model)
+        weights = tensor_buffers(models)
+        if sum(size for _, size in weights) < huge_pages.MIN_MODEL_BYTES:
+            return False
+        result = back_with_huge_pages(weights, written=True)
+        if result.error:
+            logger.info("Weights: %d MB in 2 MB pages; the rest stay in 4 KB pages (madvise: %s).",
+                        result.collapsed >> 20, result.error)
+        else:
+            logger.info("Weights: %d MB moved to 2 MB pages in %.2f s.", result.collapsed >> 20,
+                        time.perf_counter() - start)
+        return True
 
     @property
     def kv_cache_dtype(self) -> str:
@@ -127,7 +152,7 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.initialize_kv_cache(num_blocks)
             caches += [p.kv_caches for p in (self.drafter.draft_model, self.drafter.mtp) if p is not None]
-        if get_op_backend().huge_pages:
+        if self.huge_pages:
             # Not yet written: advised only, so each 2 MB page is allocated when a block in it is first written.
             advised = back_with_huge_pages(tensor_buffers(caches), written=False).advised
             logger.debug("KV cache: %d MB advised to 2 MB pages.", advised >> 20)

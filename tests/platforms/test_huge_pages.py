@@ -8,6 +8,7 @@ import numpy as np
 import paddle
 import pytest
 
+from fastdeploy.platforms import huge_pages
 from fastdeploy.platforms.huge_pages import (
     HUGE_PAGE_BYTES,
     anon_huge_bytes,
@@ -22,6 +23,7 @@ from tests.model_executor.utils import build_tiny_checkpoint
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MB = 1 << 20
 PAGE = HUGE_PAGE_BYTES
+SIZE = 40 * MB
 
 needs_thp = pytest.mark.skipif(thp_mode() not in ("always", "madvise"),
                                reason=f"transparent huge pages are {thp_mode()} on this kernel")
@@ -79,47 +81,68 @@ def test_tensor_buffers_find_parameters_and_packed_attributes():
 def test_written_memory_is_collapsed_in_place():
     if not _collapse_works():
         pytest.skip("MADV_COLLAPSE is refused here (a kernel before 6.1)")
-    values = np.random.default_rng(0).integers(0, 255, 8 * MB, dtype=np.uint8)
+    # Larger than glibc's largest mmap threshold (32 MB): a mapping of its own, not heap that an
+    # earlier model's collapse already gave huge pages.
+    values = np.random.default_rng(0).integers(0, 255, SIZE, dtype=np.uint8)
     t = paddle.to_tensor(values)
-    assert anon_huge_bytes(t.data_ptr(), t.numel().item()) == 0 or thp_mode() == "always"
+    assert anon_huge_bytes(t.data_ptr(), SIZE) == 0 or thp_mode() == "always"
     result = back_with_huge_pages(tensor_buffers([t]), written=True)
-    # A tensor in a mapping of its own: the pages it fills whole (its mapping's ends are not 2 MB aligned).
-    assert result.error is None and result.collapsed >= 8 * MB - 2 * PAGE
-    assert anon_huge_bytes(t.data_ptr(), t.numel().item()) >= 8 * MB - 2 * PAGE
+    # The pages it fills whole (its mapping's ends are not 2 MB aligned).
+    assert result.error is None and result.collapsed >= SIZE - 2 * PAGE
+    assert anon_huge_bytes(t.data_ptr(), SIZE) >= SIZE - 2 * PAGE
     np.testing.assert_array_equal(t.numpy(), values)  # same addresses, same bytes
 
 
 @needs_thp
 def test_unwritten_memory_gets_huge_pages_when_first_written():
-    t = paddle.empty([16 * MB], dtype="uint8")
+    t = paddle.empty([SIZE], dtype="uint8")  # a mapping of its own, as above
     result = back_with_huge_pages(tensor_buffers([t]), written=False)
-    assert result.error is None and result.collapsed == 0 and result.advised >= 14 * MB
+    assert result.error is None and result.collapsed == 0 and result.advised >= SIZE - 2 * PAGE
+    assert anon_huge_bytes(t.data_ptr(), SIZE) == 0  # nothing written, nothing allocated
     t[:] = 3
-    assert anon_huge_bytes(t.data_ptr(), t.numel().item()) >= 14 * MB
-    assert int(t.astype("int64").sum()) == 3 * 16 * MB
+    assert anon_huge_bytes(t.data_ptr(), SIZE) >= SIZE - 2 * PAGE
+    assert int(t.astype("int64").sum()) == 3 * SIZE
 
 
-@needs_thp
-def test_a_workers_weights_and_kv_cache_are_in_huge_pages(tmp_path):
-    if not _collapse_works():
-        pytest.skip("MADV_COLLAPSE is refused here (a kernel before 6.1)")
+def _worker(path: str):
     from fastdeploy.engine.arg_utils import EngineArgs
     from fastdeploy.worker.worker import Worker
 
-    path = build_tiny_checkpoint("LlamaForCausalLM", tmp_path)
     config = EngineArgs(model=path, kv_cache_memory_bytes=64 * MB, dtype="float32", block_size=16,
                         skip_tokenizer_init=True).create_engine_config()
     worker = Worker(config)
     worker.load_model()
+    return worker
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return build_tiny_checkpoint("LlamaForCausalLM", tmp_path_factory.mktemp("llama"))
+
+
+@needs_thp
+def test_a_workers_weights_and_kv_cache_are_in_huge_pages(tiny_llama, monkeypatch):
+    if not _collapse_works():
+        pytest.skip("MADV_COLLAPSE is refused here (a kernel before 6.1)")
+    monkeypatch.setattr(huge_pages, "MIN_MODEL_BYTES", 0)  # the tiny model stands in for a real one
+    worker = _worker(tiny_llama)
+    assert worker.model_runner.huge_pages
     weights = tensor_buffers([worker.model_runner.model])
     # All but those in a mapping's first or last partial 2 MB (which stay in 4 KB pages).
     huge = sum(size for address, size in weights if anon_huge_bytes(address, size) > 0)
     assert huge >= 0.5 * sum(size for _, size in weights)
     worker.initialize_cache(worker.determine_num_available_blocks())
     key_cache = worker.model_runner.kv_caches[0][0]
-    assert key_cache.numel() * key_cache.element_size() >= 4 * MB
+    nbytes = key_cache.numel().item() * key_cache.element_size()
+    assert nbytes >= 4 * MB and anon_huge_bytes(key_cache.data_ptr(), nbytes) == 0
     key_cache[:] = 1.0  # written as a prefill writes it: each 2 MB page arrives whole
-    assert anon_huge_bytes(key_cache.data_ptr(), key_cache.numel().item() * 4) >= 2 * MB
+    assert anon_huge_bytes(key_cache.data_ptr(), nbytes) >= nbytes - 2 * PAGE
+
+
+def test_a_model_small_enough_for_the_tlb_keeps_4k_pages(tiny_llama):
+    worker = _worker(tiny_llama)
+    assert sum(size for _, size in tensor_buffers([worker.model_runner.model])) < huge_pages.MIN_MODEL_BYTES
+    assert not worker.model_runner.huge_pages
 
 
 def test_the_platform_turns_huge_pages_on_where_the_kernel_offers_them():

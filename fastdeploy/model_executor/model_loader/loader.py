@@ -25,7 +25,6 @@ from fastdeploy.model_executor.model_loader.weight_utils import (
 from fastdeploy.model_executor.models.registry import ModelRegistry
 from fastdeploy.model_executor.utils import deferred_parameters, load_into
 from fastdeploy.platforms import current_platform
-from fastdeploy.platforms.huge_pages import back_with_huge_pages, tensor_buffers
 
 logger = init_logger(__name__)
 
@@ -143,18 +142,6 @@ def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -
     return {"quant_config": quant_config}
 
 
-def _weights_to_huge_pages(model: nn.Layer) -> None:
-    """Move the loaded (and packed) weights to 2 MB pages: every decode step streams all of them."""
-    start = time.perf_counter()
-    result = back_with_huge_pages(tensor_buffers([model]), written=True)
-    if result.error:
-        logger.info("Weights: %d MB in 2 MB pages; the rest stay in 4 KB pages (madvise: %s).",
-                    result.collapsed >> 20, result.error)
-    elif result.collapsed:
-        logger.info("Weights: %d MB moved to 2 MB pages in %.2f s.", result.collapsed >> 20,
-                    time.perf_counter() - start)
-
-
 def get_model(model_config: Any, load_config: Any = None) -> nn.Layer:
     """Instantiate the model class of ``model_config.architectures`` and load its weights.
 
@@ -198,8 +185,6 @@ def get_model(model_config: Any, load_config: Any = None) -> nn.Layer:
             model.load_weights(get_weights_iterator(model_config, load_format))
         if hasattr(model, "process_weights_after_loading"):
             model.process_weights_after_loading(dtype)
-    if backend.huge_pages:
-        _weights_to_huge_pages(model)
     logger.info(
         "Loaded %s (%s, %s weights) in %.1f s.", model_cls.__name__, dtype, load_format, time.perf_counter() - start
     )
