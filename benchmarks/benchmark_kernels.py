@@ -398,7 +398,7 @@ def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_laye
                    (f.matrix(h, 2 * shared, True), f.matrix(shared, h, True)) if shared else None) for gate in gates]
         dense = [(f.matrix(h, 2 * dense_inter, True), f.matrix(dense_inter, h, True)) for _ in range(num_layers)]
         if get_op_backend().huge_pages:  # as a served model's weights are (model_loader)
-            back_with_huge_pages(tensor_buffers([layers, dense]), written=True)
+            back_with_huge_pages(tensor_buffers([layers, dense]))
         # Weight bytes one step reads per layer (the hit experts', the shared experts', the dense layer's):
         # over the step's time, the rate it streams them at.
         _, w13, w2, shared_w = layers[0]

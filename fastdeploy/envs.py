@@ -19,8 +19,8 @@ FD_CPU_ATTENTION_KERNEL the paged-attention path: "auto" (default: the best this
                         the build's fp32 path avx512 / avx2 / scalar) or one of them by name; avx512-bf16 multiplies
                         bf16 KV caches with bf16 dot products, amx-bf16 takes their scores from AMX tiles (fp32
                         caches always take the fp32 path).
-FD_CPU_HUGE_PAGES       "0" keeps the weights and the KV cache in 4 KB pages; by default (1) they get 2 MB transparent
-                        huge pages where the kernel offers them (fastdeploy/platforms/huge_pages.py).
+FD_CPU_HUGE_PAGES       "0" keeps the weights in 4 KB pages; by default (1) a model's weights (from 16 MB) move to 2 MB
+                        transparent huge pages where the kernel offers them (fastdeploy/platforms/huge_pages.py).
 FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (default: its own cores when it has
                         fewer threads than there are cores, the API process keeps the rest), "nobind", or a core
                         list such as "1" or "2-3"; VLLM_CPU_OMP_THREADS_BIND too (fastdeploy/platforms/cpu_binding.py).
@@ -109,7 +109,7 @@ def cpu_kernels_enabled() -> bool:
 
 
 def cpu_huge_pages_enabled() -> bool:
-    """FD_CPU_HUGE_PAGES: False when set to 0/false/off (weights and KV cache stay in 4 KB pages)."""
+    """FD_CPU_HUGE_PAGES: False when set to 0/false/off (weights stay in 4 KB pages)."""
     return _first("FD_CPU_HUGE_PAGES", default="1") not in ("0", "false", "False", "off")
 
 

@@ -1,6 +1,6 @@
-"""Transparent huge pages (Linux) for the memory a decode step streams: the weights and the KV cache.
+"""Transparent huge pages (Linux) for the memory every decode step streams: the weights.
 
-A decode step reads every weight once and each live KV block once, in 4 KB pages unless told
+A decode step reads every weight once, in 4 KB pages unless told
 otherwise: Linux gives an anonymous mapping 2 MB pages only where the process asks
 (``madvise(MADV_HUGEPAGE)``) when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise``,
 as it is on Debian and these machines. Each 4 KB of a stream then costs a TLB miss and a page walk.
@@ -10,10 +10,10 @@ sequence and 5-6% at 16 (the default model's GGUF and its weights in bf16).
 
 Weights are already written when the model runner has loaded them, so their pages are collapsed in place
 (``MADV_COLLAPSE``, Linux 6.1+; the contents move to 2 MB pages at the same addresses). The KV cache
-is allocated untouched (``paddle.empty``), so it is only advised: its pages come as 2 MB pages when
-first written, and a large cache still costs memory only as it fills. Only private anonymous memory
-is advised, in whole 2 MB-aligned pages: a range that reaches past a small tensor covers its
-neighbours' bytes too, which changes nothing for them but their page size.
+keeps 4 KB pages: advised, its blocks' first writes faulted in whole 2 MB pages inside the serving
+steps (see ``ModelRunner``). Only private anonymous memory is collapsed, in whole 2 MB-aligned pages: a
+range that reaches past a small tensor covers its neighbours' bytes too, which changes nothing for
+them but their page size.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 HUGE_PAGE_BYTES = 2 << 20
-# Weights below this are left in 4 KB pages, and so is their KV cache: the second-level TLB's 4 KB
+# Weights below this are left in 4 KB pages: the second-level TLB's 4 KB
 # entries (1,536-2,048 on recent x86 cores) already reach 6-8 MB, and collapsing costs a copy into
 # fresh pages (a test suite's tiny models loaded 17% slower with it).
 MIN_MODEL_BYTES = 16 << 20
@@ -75,24 +75,15 @@ def private_anonymous_ranges(maps: str = "/proc/self/maps") -> list[tuple[int, i
     return ranges
 
 
-def huge_page_spans(buffers: Iterable[tuple[int, int]], anonymous: list[tuple[int, int]],
-                    outward: bool) -> list[tuple[int, int]]:
-    """The whole 2 MB pages of ``buffers`` ((address, bytes) pairs), merged and clipped to ``anonymous``.
-
-    ``outward`` rounds each buffer out to the pages it touches (small buffers share pages), else in
-    to the pages it covers whole (a buffer whose pages are not yet written, whose neighbours' may be).
-    """
+def huge_page_spans(buffers: Iterable[tuple[int, int]], anonymous: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The 2 MB pages ``buffers`` ((address, bytes) pairs) touch, merged and clipped to the whole pages
+    of ``anonymous`` (small buffers share pages)."""
     page = HUGE_PAGE_BYTES
     spans: list[list[int]] = []
     for address, size in sorted(buffers):
         if size <= 0:
             continue
-        if outward:
-            start, end = address // page * page, -(-(address + size) // page) * page
-        else:
-            start, end = -(-address // page) * page, (address + size) // page * page
-        if end <= start:
-            continue
+        start, end = address // page * page, -(-(address + size) // page) * page
         if spans and start <= spans[-1][1]:
             spans[-1][1] = max(spans[-1][1], end)
         else:
@@ -137,31 +128,27 @@ def tensor_buffers(objects: Iterable[Any], min_bytes: int = 0) -> list[tuple[int
 
 @dataclass
 class HugePageResult:
-    """What one call advised: bytes given 2 MB pages now (``collapsed``) or on first write (``advised``)."""
+    """What one call moved to 2 MB pages, in bytes."""
 
     collapsed: int = 0
-    advised: int = 0
     # The first errno that left a span in 4 KB pages (e.g. EINVAL: a kernel before 6.1 has no MADV_COLLAPSE).
     error: str | None = None
 
 
-def back_with_huge_pages(buffers: Iterable[tuple[int, int]], written: bool) -> HugePageResult:
-    """Give the 2 MB pages of ``buffers`` huge pages: collapsed now where ``written``, else advised.
+def back_with_huge_pages(buffers: Iterable[tuple[int, int]]) -> HugePageResult:
+    """Move the 2 MB pages that written ``buffers`` touch to huge pages, in place.
 
     Failures are not errors (the memory keeps working in 4 KB pages); the first is reported.
     """
     result = HugePageResult()
-    for start, end in huge_page_spans(buffers, private_anonymous_ranges(), outward=written):
+    for start, end in huge_page_spans(buffers, private_anonymous_ranges()):
         code = _advise(start, end - start, MADV_HUGEPAGE)
-        if code == 0 and written:
+        if code == 0:
             code = _advise(start, end - start, MADV_COLLAPSE)
-            if code == 0:
-                result.collapsed += end - start
-                continue
-        elif code == 0:
-            result.advised += end - start
-            continue
-        result.error = result.error or errno.errorcode.get(code, str(code))
+        if code == 0:
+            result.collapsed += end - start
+        else:
+            result.error = result.error or errno.errorcode.get(code, str(code))
     return result
 
 

@@ -65,7 +65,7 @@ class OpBackend:
     # Random sampling's full-vocabulary passes (temperature + exp, inverse-CDF draw): "csrc"
     # (csrc/cpu/sampling.cc) or "numpy".
     sampler: str = "numpy"
-    # Whether the weights and the KV cache get 2 MB transparent huge pages (platforms/huge_pages.py).
+    # Whether the loaded weights move to 2 MB transparent huge pages (platforms/huge_pages.py).
     huge_pages: bool = False
 
     @property

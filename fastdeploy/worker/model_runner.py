@@ -84,7 +84,9 @@ class ModelRunner:
         self.drafter = Drafter(fd_config) if fd_config.speculative_config is not None else None
         # Multimodal models: M-RoPE positions and the encoder cache (fastdeploy.multimodal.runner).
         self.mm_state = None
-        # Whether the weights went to 2 MB pages at load, and so the KV cache goes too.
+        # Whether the weights went to 2 MB pages at load. The KV cache keeps 4 KB pages: advised, its
+        # blocks' first writes faulted in whole 2 MB pages during serving, and 16 streams ran 5-8% slower
+        # (benchmarks/benchmark_huge_pages.py's steps reuse their blocks and did not show it).
         self.huge_pages = False
 
     # ---- set-up ------------------------------------------------------------------------
@@ -111,7 +113,7 @@ class ModelRunner:
         weights = tensor_buffers(models)
         if sum(size for _, size in weights) < huge_pages.MIN_MODEL_BYTES:
             return False
-        result = back_with_huge_pages(weights, written=True)
+        result = back_with_huge_pages(weights)
         if result.error:
             logger.info("Weights: %d MB in 2 MB pages; the rest stay in 4 KB pages (madvise: %s).",
                         result.collapsed >> 20, result.error)
@@ -148,14 +150,8 @@ class ModelRunner:
         budget costs memory only as it fills.
         """
         self.kv_caches = [spec.allocate(num_blocks, self.block_size) for spec in self.kv_cache_specs()]
-        caches = [self.kv_caches]
         if self.drafter is not None:
             self.drafter.initialize_kv_cache(num_blocks)
-            caches += [p.kv_caches for p in (self.drafter.draft_model, self.drafter.mtp) if p is not None]
-        if self.huge_pages:
-            # Not yet written: advised only, so each 2 MB page is allocated when a block in it is first written.
-            advised = back_with_huge_pages(tensor_buffers(caches), written=False).advised
-            logger.debug("KV cache: %d MB advised to 2 MB pages.", advised >> 20)
 
     # ---- batch state -------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:

@@ -1,4 +1,4 @@
-"""Weights and KV caches in 2 MB transparent huge pages: the spans advised, and what the kernel then maps."""
+"""Weights in 2 MB transparent huge pages: the spans collapsed, and what the kernel then maps."""
 
 import mmap
 import os
@@ -32,7 +32,7 @@ needs_thp = pytest.mark.skipif(thp_mode() not in ("always", "madvise"),
 
 def _collapse_works() -> bool:
     probe = paddle.ones([4 * MB], dtype="uint8")
-    return back_with_huge_pages([(probe.data_ptr(), 4 * MB)], written=True).error is None
+    return back_with_huge_pages([(probe.data_ptr(), 4 * MB)]).error is None
 
 
 def test_thp_mode_reads_the_selected_word(tmp_path):
@@ -46,18 +46,15 @@ def test_thp_mode_reads_the_selected_word(tmp_path):
 
 def test_spans_round_merge_and_stay_inside_anonymous_memory():
     anonymous = [(0, 100 * PAGE)]
-    # Two small buffers in one page and a third in the next: one span of two pages outward, nothing inward.
+    # Two small buffers in one page and a third in the next: one span of the two pages they touch.
     small = [(PAGE + 100, 1000), (PAGE + 5000, 1000), (2 * PAGE + 10, 64)]
-    assert huge_page_spans(small, anonymous, outward=True) == [(PAGE, 3 * PAGE)]
-    assert huge_page_spans(small, anonymous, outward=False) == []
-    # A large buffer not on a page boundary: inward keeps the pages it covers whole.
-    large = [(PAGE + 1, 5 * PAGE)]
-    assert huge_page_spans(large, anonymous, outward=False) == [(2 * PAGE, 6 * PAGE)]
-    assert huge_page_spans(large, anonymous, outward=True) == [(PAGE, 7 * PAGE)]
-    # Only the whole pages of anonymous mappings are advised (file mappings and gaps are not).
-    assert huge_page_spans(large, [(0, 3 * PAGE + 7), (5 * PAGE, 20 * PAGE)], outward=True) == [
+    assert huge_page_spans(small, anonymous) == [(PAGE, 3 * PAGE)]
+    large = [(PAGE + 1, 5 * PAGE)]  # not on a page boundary: its partial pages at both ends too
+    assert huge_page_spans(large, anonymous) == [(PAGE, 7 * PAGE)]
+    # Only the whole pages of anonymous mappings are collapsed (file mappings and gaps are not).
+    assert huge_page_spans(large, [(0, 3 * PAGE + 7), (5 * PAGE, 20 * PAGE)]) == [
         (PAGE, 3 * PAGE), (5 * PAGE, 7 * PAGE)]
-    assert huge_page_spans([(PAGE, 0)], anonymous, outward=True) == []
+    assert huge_page_spans([(PAGE, 0)], anonymous) == []
 
 
 def test_private_anonymous_ranges_hold_a_tensor():
@@ -94,41 +91,13 @@ def test_written_memory_is_collapsed_in_place():
     array[:] = values
     address = array.ctypes.data
     assert anon_huge_bytes(address, SIZE) == 0 or thp_mode() == "always"
-    result = back_with_huge_pages([(address, SIZE)], written=True)
+    result = back_with_huge_pages([(address, SIZE)])
     # The pages it fills whole (a mapping is 4 KB aligned, not 2 MB).
     assert result.error is None and result.collapsed >= SIZE - 2 * PAGE
     assert anon_huge_bytes(address, SIZE) >= SIZE - 2 * PAGE
     np.testing.assert_array_equal(array, values)  # same addresses, same bytes
     del array
     region.close()
-
-
-@needs_thp
-def test_unwritten_memory_gets_huge_pages_when_first_written():
-    region, array = _fresh_mapping(SIZE)
-    address = array.ctypes.data
-    result = back_with_huge_pages([(address, SIZE)], written=False)
-    assert result.error is None and result.collapsed == 0 and result.advised >= SIZE - 2 * PAGE
-    assert anon_huge_bytes(address, SIZE) == 0  # nothing written, nothing allocated
-    array[:] = 3
-    assert anon_huge_bytes(address, SIZE) >= SIZE - 2 * PAGE
-    assert int(array.sum(dtype=np.int64)) == 3 * SIZE
-    del array
-    region.close()
-
-
-def _vm_flags(address: int) -> set[str]:
-    """The VmFlags of the mapping holding ``address`` ("hg": advised MADV_HUGEPAGE)."""
-    inside = False
-    with open("/proc/self/smaps", encoding="ascii", errors="replace") as f:
-        for line in f:
-            head = line.split(maxsplit=1)[0]
-            if "-" in head and not head.endswith(":"):
-                start, end = (int(x, 16) for x in head.split("-"))
-                inside = start <= address < end
-            elif inside and head == "VmFlags:":
-                return set(line.split()[1:])
-    return set()
 
 
 def _worker(path: str):
@@ -148,7 +117,7 @@ def tiny_llama(tmp_path_factory):
 
 
 @needs_thp
-def test_a_workers_weights_and_kv_cache_are_in_huge_pages(tiny_llama, monkeypatch):
+def test_a_workers_weights_are_in_huge_pages(tiny_llama, monkeypatch):
     if not _collapse_works():
         pytest.skip("MADV_COLLAPSE is refused here (a kernel before 6.1)")
     monkeypatch.setattr(huge_pages, "MIN_MODEL_BYTES", 0)  # the tiny model stands in for a real one
@@ -158,13 +127,6 @@ def test_a_workers_weights_and_kv_cache_are_in_huge_pages(tiny_llama, monkeypatc
     # All but those in a mapping's first or last partial 2 MB (which stay in 4 KB pages).
     huge = sum(size for address, size in weights if anon_huge_bytes(address, size) > 0)
     assert huge >= 0.5 * sum(size for _, size in weights)
-    worker.initialize_cache(worker.determine_num_available_blocks())
-    key_cache = worker.model_runner.kv_caches[0][0]
-    nbytes = key_cache.numel().item() * key_cache.element_size()
-    # Advised, not collapsed (its pages are not written yet); its whole pages, past the first.
-    assert nbytes >= 4 * MB and "hg" in _vm_flags(key_cache.data_ptr() + nbytes // 2)
-    key_cache[:] = 1.0  # written as a prefill writes it: each 2 MB page arrives whole
-    assert anon_huge_bytes(key_cache.data_ptr(), nbytes) >= nbytes - 2 * PAGE
 
 
 def test_a_model_small_enough_for_the_tlb_keeps_4k_pages(tiny_llama):
