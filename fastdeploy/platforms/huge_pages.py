@@ -5,8 +5,9 @@ otherwise: Linux gives an anonymous mapping 2 MB pages only where the process as
 (``madvise(MADV_HUGEPAGE)``) when ``/sys/kernel/mm/transparent_hugepage/enabled`` is ``madvise``,
 as it is on Debian and these machines. Each 4 KB of a stream then costs a TLB miss and a page walk.
 Measured on a Sapphire Rapids core (one thread, 330 tokens of context;
-``benchmarks/benchmark_huge_pages.py``), 2 MB pages made a decode step 11-13% faster at one
-sequence and 5-6% at 16 (the default model's GGUF and its weights in bf16).
+``benchmarks/benchmark_huge_pages.py``), weights in 2 MB pages made a one-sequence decode step
+11-13% faster (the default model's GGUF and its weights in bf16); a 16-sequence step, bound by
+compute and the KV cache, stayed level.
 
 Weights are already written when the model runner has loaded them, so their pages are collapsed in place
 (``MADV_COLLAPSE``, Linux 6.1+; the contents move to 2 MB pages at the same addresses). The KV cache
