@@ -98,7 +98,7 @@ def huge_page_spans(buffers: Iterable[tuple[int, int]], anonymous: list[tuple[in
     return clipped
 
 
-def tensor_buffers(objects: Iterable[Any], min_bytes: int = 0) -> list[tuple[int, int]]:
+def tensor_buffers(objects: Iterable[Any]) -> list[tuple[int, int]]:
     """(address, bytes) of every CPU tensor held by ``objects``: paddle Layers (every sublayer's parameters,
     buffers and attributes, through tuples, lists and dicts, e.g. packed kernel weights) or tensors."""
     import paddle
@@ -109,7 +109,7 @@ def tensor_buffers(objects: Iterable[Any], min_bytes: int = 0) -> list[tuple[int
         if isinstance(obj, paddle.Tensor):
             if obj.place.is_cpu_place() and obj._is_initialized():
                 size = int(obj.numel()) * obj.element_size()
-                if size >= max(min_bytes, 1):
+                if size > 0:
                     found[obj.data_ptr()] = max(found.get(obj.data_ptr(), 0), size)
         elif depth < 4 and isinstance(obj, (list, tuple)):
             for item in obj:

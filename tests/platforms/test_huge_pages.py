@@ -72,7 +72,6 @@ def test_tensor_buffers_find_parameters_and_packed_attributes():
     assert found[layer.bias.data_ptr()] == 32 * 4
     assert found[packed[0].data_ptr()] == 1000
     assert found[packed[1][0].data_ptr()] == 28
-    assert dict(tensor_buffers([outer], min_bytes=512)).keys() == {layer.weight.data_ptr(), packed[0].data_ptr()}
 
 
 def _fresh_mapping(size: int) -> tuple[mmap.mmap, np.ndarray]:
