@@ -152,19 +152,3 @@ def back_with_huge_pages(buffers: Iterable[tuple[int, int]]) -> HugePageResult:
             result.error = result.error or errno.errorcode.get(code, str(code))
     return result
 
-
-def anon_huge_bytes(address: int, size: int = 1, smaps: str = "/proc/self/smaps") -> int:
-    """AnonHugePages of the mappings overlapping [address, address + size), in bytes.
-
-    A mapping advised in part is split there, so one buffer may span several mappings.
-    """
-    total, inside = 0, False
-    with open(smaps, encoding="ascii", errors="replace") as f:
-        for line in f:
-            head = line.split(maxsplit=1)[0]
-            if "-" in head and not head.endswith(":"):
-                start, end = (int(x, 16) for x in head.split("-"))
-                inside = start < address + size and address < end
-            elif inside and head == "AnonHugePages:":
-                total += int(line.split()[1]) * 1024
-    return total

@@ -68,6 +68,12 @@ class Drafter:
         else:
             logger.info("Speculative decoding: %s, %d tokens per step.", self.spec.method, self.k)
 
+    def models(self) -> list:
+        """The Layers a model-based proposer runs each step (the draft model, or the MTP modules)."""
+        if self.draft_model is not None:
+            return [self.draft_model.model]
+        return [self.mtp.mtp] if self.mtp is not None else []
+
     def kv_cache_bytes_per_block(self) -> int:
         """The draft model's share of a KV block (its cache has the target's block ids)."""
         proposer = self.draft_model or self.mtp

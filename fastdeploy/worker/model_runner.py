@@ -107,10 +107,7 @@ class ModelRunner:
         """Move the loaded (and packed) weights to 2 MB pages, every decode step streams all of them;
         False (4 KB pages kept) for a model too small to gain (``huge_pages.MIN_MODEL_BYTES``)."""
         start = time.perf_counter()
-        models = [self.model]
-        if self.drafter is not None and self.drafter.draft_model is not None:
-            models.append(self.drafter.draft_model.model)
-        weights = tensor_buffers(models)
+        weights = tensor_buffers([self.model] + (self.drafter.models() if self.drafter is not None else []))
         if sum(size for _, size in weights) < huge_pages.MIN_MODEL_BYTES:
             return False
         result = back_with_huge_pages(weights)

@@ -12,13 +12,13 @@ import pytest
 from fastdeploy.platforms import huge_pages
 from fastdeploy.platforms.huge_pages import (
     HUGE_PAGE_BYTES,
-    anon_huge_bytes,
     back_with_huge_pages,
     huge_page_spans,
     private_anonymous_ranges,
     tensor_buffers,
     thp_mode,
 )
+from tests.model_executor.models.test_deepseek_mtp import mtp_checkpoint  # noqa: F401  (the fixture)
 from tests.model_executor.utils import build_tiny_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,6 +28,23 @@ SIZE = 8 * MB
 
 needs_thp = pytest.mark.skipif(thp_mode() not in ("always", "madvise"),
                                reason=f"transparent huge pages are {thp_mode()} on this kernel")
+
+
+def anon_huge_bytes(address: int, size: int = 1, smaps: str = "/proc/self/smaps") -> int:
+    """AnonHugePages of the mappings overlapping [address, address + size), in bytes.
+
+    A mapping advised in part is split there, so one buffer may span several mappings.
+    """
+    total, inside = 0, False
+    with open(smaps, encoding="ascii", errors="replace") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start < address + size and address < end
+            elif inside and head == "AnonHugePages:":
+                total += int(line.split()[1]) * 1024
+    return total
 
 
 def _collapse_works() -> bool:
@@ -99,12 +116,12 @@ def test_written_memory_is_collapsed_in_place():
     region.close()
 
 
-def _worker(path: str):
+def _worker(path: str, spec: dict | None = None):
     from fastdeploy.engine.arg_utils import EngineArgs
     from fastdeploy.worker.worker import Worker
 
     config = EngineArgs(model=path, kv_cache_memory_bytes=64 * MB, dtype="float32", block_size=16,
-                        skip_tokenizer_init=True).create_engine_config()
+                        skip_tokenizer_init=True, speculative_config=spec).create_engine_config()
     worker = Worker(config)
     worker.load_model()
     return worker
@@ -116,16 +133,31 @@ def tiny_llama(tmp_path_factory):
 
 
 @needs_thp
-def test_a_workers_weights_are_in_huge_pages(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("method", ["draft_model", "mtp"])
+def test_a_workers_weights_are_in_huge_pages(tiny_llama, mtp_checkpoint, tmp_path, monkeypatch, method):  # noqa: F811
     if not _collapse_works():
         pytest.skip("MADV_COLLAPSE is refused here (a kernel before 6.1)")
     monkeypatch.setattr(huge_pages, "MIN_MODEL_BYTES", 0)  # the tiny model stands in for a real one
-    worker = _worker(tiny_llama)
+    from fastdeploy.worker import model_runner
+
+    asked: list[tuple[int, int]] = []  # what the runner collapses (a tiny model's tensors share 2 MB pages)
+    monkeypatch.setattr(model_runner, "back_with_huge_pages",
+                        lambda buffers: asked.extend(buffers) or back_with_huge_pages(buffers))
+    if method == "draft_model":
+        draft = build_tiny_checkpoint("LlamaForCausalLM", tmp_path, seed=1)
+        worker = _worker(tiny_llama, {"method": method, "model": draft, "num_speculative_tokens": 2})
+        proposer = worker.model_runner.drafter.draft_model.model
+    else:
+        worker = _worker(mtp_checkpoint[0], {"method": method, "num_speculative_tokens": 1})
+        proposer = worker.model_runner.drafter.mtp.mtp
     assert worker.model_runner.huge_pages
-    weights = tensor_buffers([worker.model_runner.model])
-    # All but those in a mapping's first or last partial 2 MB (which stay in 4 KB pages).
-    huge = sum(size for address, size in weights if anon_huge_bytes(address, size) > 0)
-    assert huge >= 0.5 * sum(size for _, size in weights)
+    # The target's weights and the proposer's (each step streams both).
+    for model in (worker.model_runner.model, proposer):
+        weights = tensor_buffers([model])
+        assert set(weights) <= set(asked)
+        # All but those in a mapping's first or last partial 2 MB (which stay in 4 KB pages).
+        huge = sum(size for address, size in weights if anon_huge_bytes(address, size) > 0)
+        assert huge >= 0.5 * sum(size for _, size in weights)
 
 
 def test_a_model_small_enough_for_the_tlb_keeps_4k_pages(tiny_llama):
