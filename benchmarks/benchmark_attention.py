@@ -8,7 +8,8 @@ random blocks of the cache, at the default model's heads (9 query / 3 KV heads o
 JSON also records how far each path's output is from the fp32 path's. A decode is timed twice:
 on one cache, which then sits in the CPU's caches, and ``_streamed`` over ``--layers`` caches in
 turn, as a model step reads them (for 16 sequences they exceed a 32 MB L3 and come from memory;
-one sequence's stay in L3).
+one sequence's stay in L3). ``--prefetch l1 l2`` runs each path twice, fetching the rows it reads next
+into L1 (the path's plain name) and into L2 (``PATH/l2``; FD_CPU_ATTENTION_PREFETCH picks one for serving).
 
     python benchmarks/benchmark_attention.py --out benchmarks/results/attention_avx512bf16.json
 """
@@ -33,6 +34,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--layers", type=int, default=30, help="caches a streamed decode cycles through")
+    parser.add_argument("--prefetch", nargs="+", choices=["l1", "l2"], default=["l1", "l2"],
+                        help="where the kernels fetch the rows ahead: each level is a column per path")
     parser.add_argument("--out", help="JSON file for the results")
     args = parser.parse_args()
 
@@ -47,8 +50,10 @@ def main() -> None:
 
     _C.omp_thread_control().set_threads(args.threads)
     h, kvh, d, bs = args.heads, args.kv_heads, args.head_dim, args.block_size
-    paths = {path: OpBackend(attention=f"paged-{path}").attn_isa for path in attention_kernel_paths()}
-    fp32_path = attention_kernel_paths()[-1]
+    paths = {path + ("" if level == "l1" else f"/{level}"):
+             OpBackend(attention=f"paged-{path}", attention_prefetch=level).attn_isa
+             for path in attention_kernel_paths() for level in args.prefetch}
+    fp32_path = next(name for name in paths if name.startswith(attention_kernel_paths()[-1]))
     rng = np.random.default_rng(0)
     rows = {}
     for name, seqs, cached, new in CASES:
@@ -88,7 +93,8 @@ def main() -> None:
             line += "; streamed over " + f"{layers} caches: " + ", ".join(f"{p} {v:.0f} us" for p, v in per_layer.items())
         print(f"{name}: {line}", flush=True)
     write_result(args.out, {"heads": h, "kv_heads": kvh, "head_dim": d, "block_size": bs, "threads": args.threads,
-                            "reps": args.reps, "layers": args.layers, "fp32_path": fp32_path, "rows": rows})
+                            "reps": args.reps, "layers": args.layers, "prefetch": args.prefetch,
+                            "fp32_path": fp32_path, "rows": rows})
 
 
 if __name__ == "__main__":

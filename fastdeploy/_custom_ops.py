@@ -140,7 +140,9 @@ def paged_attention(
     """Causal attention of the queries (first ``H * D`` columns of ``query``) over the paged cache -> ``[T, H * D]``.
 
     ``attn_isa`` is the platform's path (:attr:`OpBackend.attn_isa`): 1 multiplies bf16 caches with
-    AVX512-BF16 dot products (queries and probabilities rounded to bf16), 0 widens them to fp32.
+    AVX512-BF16 dot products (queries and probabilities rounded to bf16), 2 takes their scores from AMX
+    tiles, 0 widens them to fp32; plus 8 (``ATTN_PREFETCH_L2``), the rows read next are fetched into L2
+    rather than L1 (the same results).
     """
     return _run(
         "fd_paged_attention", query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, num_heads, scale,

@@ -19,6 +19,8 @@ FD_CPU_ATTENTION_KERNEL the paged-attention path: "auto" (default: the best this
                         the build's fp32 path avx512 / avx2 / scalar) or one of them by name; avx512-bf16 multiplies
                         bf16 KV caches with bf16 dot products, amx-bf16 takes their scores from AMX tiles (fp32
                         caches always take the fp32 path).
+FD_CPU_ATTENTION_PREFETCH where the attention kernels fetch the KV-cache rows they read next: "auto" (default: L2
+                        on AMD CPUs, L1 on the others), "l1" or "l2".
 FD_CPU_HUGE_PAGES       "0" keeps the weights in 4 KB pages; by default (1) a model's weights (from 16 MB) move to 2 MB
                         transparent huge pages where the kernel offers them (fastdeploy/platforms/huge_pages.py).
 FD_CPU_OMP_THREADS_BIND which cores the engine process computes on: "auto" (default: its own cores when it has
@@ -141,6 +143,11 @@ def cpu_attention_kernel() -> str:
     """FD_CPU_ATTENTION_KERNEL: the paged-attention path ("auto", "amx-bf16", "avx512-bf16", "avx512", "avx2" or
     "scalar")."""
     return _kernel_path("FD_CPU_ATTENTION_KERNEL", ("amx-bf16", "avx512-bf16", "avx512", "avx2", "scalar"))
+
+
+def cpu_attention_prefetch() -> str:
+    """FD_CPU_ATTENTION_PREFETCH: where the attention kernels fetch the cache rows ahead ("auto", "l1" or "l2")."""
+    return _kernel_path("FD_CPU_ATTENTION_PREFETCH", ("l1", "l2"))
 
 
 def cpu_wide_step_tokens() -> int:

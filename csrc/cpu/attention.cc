@@ -201,7 +201,7 @@ template <int kHeadDim, typename CacheT>
 void attention_kernel(const float* query, int64_t query_stride, const CacheT* key_cache, const CacheT* value_cache,
                       const int64_t* block_tables, int64_t max_blocks, const int64_t* query_start_loc,
                       const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
-                      int64_t head_dim_runtime, int64_t block_size, float scale, float* out) {
+                      int64_t head_dim_runtime, int64_t block_size, float scale, bool prefetch_l2, float* out) {
   // A compile-time head dim lets the compiler keep rows of it in registers.
   const int64_t head_dim = kHeadDim > 0 ? kHeadDim : head_dim_runtime;
   const int64_t group = num_heads / num_kv_heads;
@@ -263,12 +263,9 @@ void attention_kernel(const float* query, int64_t query_stride, const CacheT* ke
         if (key0 + k + kKeyTile <= last_pos) {
           const int64_t next_offset = (ahead.slot() * num_kv_heads + item.kv_head) * head_dim;
           ahead.next();
-          const char* nk = reinterpret_cast<const char*>(key_cache + next_offset);
-          const char* nv = reinterpret_cast<const char*>(value_cache + next_offset);
-          for (int64_t b = 0; b < static_cast<int64_t>(head_dim * sizeof(CacheT)); b += 64) {
-            _mm_prefetch(nk + b, _MM_HINT_T0);
-            _mm_prefetch(nv + b, _MM_HINT_T0);
-          }
+          const int64_t row_bytes = head_dim * static_cast<int64_t>(sizeof(CacheT));
+          fastdeploy_cpu::prefetch_bytes(key_cache + next_offset, row_bytes, prefetch_l2);
+          fastdeploy_cpu::prefetch_bytes(value_cache + next_offset, row_bytes, prefetch_l2);
         }
 #endif
       }
@@ -373,13 +370,13 @@ template <typename CacheT>
 void dispatch_head_dim(int64_t head_dim, const float* query, int64_t query_stride, const CacheT* key_cache,
                        const CacheT* value_cache, const int64_t* block_tables, int64_t max_blocks,
                        const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads,
-                       int64_t num_kv_heads, int64_t block_size, float scale, float* out) {
+                       int64_t num_kv_heads, int64_t block_size, float scale, bool prefetch_l2, float* out) {
   // Compile-time copies for the common head sizes, the runtime-sized one for the rest.
   auto kernel = head_dim == 64    ? attention_kernel<64, CacheT>
                 : head_dim == 128 ? attention_kernel<128, CacheT>
                                   : attention_kernel<0, CacheT>;
   kernel(query, query_stride, key_cache, value_cache, block_tables, max_blocks, query_start_loc, seq_lens, num_seqs,
-         num_heads, num_kv_heads, head_dim, block_size, scale, out);
+         num_heads, num_kv_heads, head_dim, block_size, scale, prefetch_l2, out);
 }
 
 }  // namespace
@@ -402,6 +399,8 @@ void paged_attention(const float* query, int64_t query_stride, const paddle::Ten
                      const paddle::Tensor& value_cache, const int64_t* block_tables, int64_t max_blocks,
                      const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads,
                      float scale, int attn_isa, float* out) {
+  const bool prefetch_l2 = (attn_isa & kAttentionPrefetchL2) != 0;
+  attn_isa &= ~kAttentionPrefetchL2;
   const int64_t block_size = key_cache.shape()[1];
   const int64_t num_kv_heads = key_cache.shape()[2];
   const int64_t head_dim = key_cache.shape()[3];
@@ -412,18 +411,18 @@ void paged_attention(const float* query, int64_t query_stride, const paddle::Ten
       paged_attention_bf16(query, query_stride, static_cast<const uint16_t*>(key_cache.data()),
                            static_cast<const uint16_t*>(value_cache.data()), block_tables, max_blocks,
                            query_start_loc, seq_lens, num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale,
-                           attn_isa == kAttentionAmxBf16, out)) {
+                           attn_isa == kAttentionAmxBf16, prefetch_l2, out)) {
     return;
   }
   if (is_bf16(key_cache)) {
     dispatch_head_dim(head_dim, query, query_stride, static_cast<const uint16_t*>(key_cache.data()),
                       static_cast<const uint16_t*>(value_cache.data()), block_tables, max_blocks, query_start_loc,
-                      seq_lens, num_seqs, num_heads, num_kv_heads, block_size, scale, out);
+                      seq_lens, num_seqs, num_heads, num_kv_heads, block_size, scale, prefetch_l2, out);
   } else {
     check_dtype(key_cache, paddle::DataType::FLOAT32, "key_cache");
     dispatch_head_dim(head_dim, query, query_stride, key_cache.data<float>(), value_cache.data<float>(),
                       block_tables, max_blocks, query_start_loc, seq_lens, num_seqs, num_heads, num_kv_heads,
-                      block_size, scale, out);
+                      block_size, scale, prefetch_l2, out);
   }
 }
 

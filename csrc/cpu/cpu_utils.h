@@ -74,6 +74,18 @@ inline void load_row(const uint16_t* src, float* dst, int64_t n) {
 }
 
 // Store n fp32 values into a float or bf16 row.
+// Asks for the `bytes` from p (whole 64-byte lines) ahead of their use, into L2 where `l2`, else L1.
+inline void prefetch_bytes(const void* p, int64_t bytes, bool l2) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) {
+    if (l2) {
+      __builtin_prefetch(c + b, 0, 2);
+    } else {
+      __builtin_prefetch(c + b, 0, 3);
+    }
+  }
+}
+
 inline void store_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 inline void store_row(const float* src, uint16_t* dst, int64_t n) {
 #pragma omp simd

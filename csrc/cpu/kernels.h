@@ -115,7 +115,10 @@ void rope_and_cache(float* qkv, const int64_t* positions, const float* cos_sin, 
 // attn_isa (the platform's choice): kAttentionFp32 converts bf16 caches to fp32 and multiplies in
 // fp32; kAttentionBf16 multiplies bf16 caches with AVX512-BF16 dot products (attention_bf16.cc);
 // kAttentionAmxBf16 takes the scores from AMX tiles and the rest from kAttentionBf16's code.
+// kAttentionPrefetchL2 added to any of them (also the platform's choice, per CPU vendor): the cache
+// rows a kernel asks for ahead of use go to L2, not L1.
 constexpr int kAttentionFp32 = 0, kAttentionBf16 = 1, kAttentionAmxBf16 = 2;
+constexpr int kAttentionPrefetchL2 = 8;
 void paged_attention(const float* query, int64_t query_stride, const paddle::Tensor& key_cache,
                      const paddle::Tensor& value_cache, const int64_t* block_tables, int64_t max_blocks,
                      const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs, int64_t num_heads,
@@ -198,11 +201,12 @@ void for_each_attention_item(const int64_t* query_start_loc, const int64_t* seq_
 }
 
 // attention_bf16.cc: paged_attention over bf16 caches on AVX512-BF16 (the scores on AMX tiles
-// where `amx`) for head dims 64 and 128; false (nothing written) for other head dims.
+// where `amx`) for head dims 64 and 128, prefetching into L2 where `prefetch_l2`; false (nothing
+// written) for other head dims.
 bool paged_attention_bf16(const float* query, int64_t query_stride, const uint16_t* key_cache,
                           const uint16_t* value_cache, const int64_t* block_tables, int64_t max_blocks,
                           const int64_t* query_start_loc, const int64_t* seq_lens, int64_t num_seqs,
                           int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t block_size, float scale,
-                          bool amx, float* out);
+                          bool amx, bool prefetch_l2, float* out);
 
 }  // namespace fastdeploy_cpu

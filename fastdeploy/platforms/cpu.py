@@ -142,6 +142,20 @@ def attention_kernel_path() -> str:
     return _chosen_path("FD_CPU_ATTENTION_KERNEL", envs.cpu_attention_kernel(), attention_kernel_paths())
 
 
+def attention_prefetch_level() -> str:
+    """Where the attention kernels fetch the KV-cache rows they read next: FD_CPU_ATTENTION_PREFETCH when set,
+    else ``l2`` on AMD CPUs and ``l1`` on the others.
+
+    A decode's keys sit in scattered 6 KB blocks and each row is read once. On a Zen 4 EPYC, fetching them
+    into L2 made 16 decodes over 330 and 1,000 tokens, streamed over 30 layers' caches, 1.5-1.8x faster than
+    into L1; on Sapphire Rapids L2 was the same or slower.
+    """
+    wanted = envs.cpu_attention_prefetch()
+    if wanted != "auto":
+        return wanted
+    return "l2" if cpuinfo("vendor_id") == "AuthenticAMD" else "l1"
+
+
 def int_kernel_choice(built: set[str]) -> str:
     """The integer-weight path for the op backend: :func:`int_kernel_path`; where oneDNN was asked
     for and the kernels were built without it (no fd_weight_only_linear), an error under
@@ -295,6 +309,7 @@ class CpuPlatform(Platform):
                 paddle_fused_rms_norm=_paddle_fused_rms_norm_works(),
                 silu_and_mul="csrc" if "fd_silu_and_mul" in built else "paddle",
                 attention=f"paged-{attention_kernel_path()}" if attention else "paddle",
+                attention_prefetch=attention_prefetch_level(),
                 attn_backend_cls=attn_backend_cls,
                 # Its expert weights are packed by fd_linear_pack: only with the linear kernel.
                 fused_moe="csrc" if {"fd_fused_moe", "fd_linear"} <= built else "paddle",

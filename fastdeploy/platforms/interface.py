@@ -19,6 +19,9 @@ class PlatformEnum(enum.Enum):
 
 # The plain-Paddle attention implementation, which every platform can run.
 PADDLE_ATTN_BACKEND = "fastdeploy.model_executor.layers.attention.paddle_attn.PaddleAttentionImpl"
+# Added to the attention ops' attn_isa: the KV-cache rows a kernel reads next are fetched into L2, not L1
+# (csrc/cpu/kernels.h's kAttentionPrefetchL2).
+ATTN_PREFETCH_L2 = 8
 
 
 @dataclass(frozen=True)
@@ -67,12 +70,15 @@ class OpBackend:
     sampler: str = "numpy"
     # Whether the loaded weights move to 2 MB transparent huge pages (platforms/huge_pages.py).
     huge_pages: bool = False
+    # Where the attention kernels fetch the KV-cache rows they read next: "l1" or "l2".
+    attention_prefetch: str = "l1"
 
     @property
     def attn_isa(self) -> int:
         """The attention ops' ``attn_isa`` argument: 1 multiplies bf16 caches with bf16 dot products, 2 the same
-        with the scores on AMX tiles, 0 in fp32."""
-        return {"paged-avx512-bf16": 1, "paged-amx-bf16": 2}.get(self.attention, 0)
+        with the scores on AMX tiles, 0 in fp32; plus ``ATTN_PREFETCH_L2`` where the rows go to L2."""
+        path = {"paged-avx512-bf16": 1, "paged-amx-bf16": 2}.get(self.attention, 0)
+        return path + (ATTN_PREFETCH_L2 if self.attention_prefetch == "l2" else 0)
 
     def uses_kernel(self, op: str) -> bool:
         """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention", "fused_moe") runs our kernel."""
@@ -85,7 +91,8 @@ class OpBackend:
         isa = f" ({self.isa})" if self.isa else ""
         norm = self.rms_norm if self.rms_norm != "paddle" or not self.paddle_fused_rms_norm else "paddle-fused"
         layer = "fused" if self.decoder_layer else "per-op"
-        return (f"linear: {linear}{isa}, attention: {self.attention}, rms_norm: {norm}, "
+        attention = f"{self.attention} (L2 prefetch)" if self.attention_prefetch == "l2" else self.attention
+        return (f"linear: {linear}{isa}, attention: {attention}, rms_norm: {norm}, "
                 f"silu_and_mul: {self.silu_and_mul}, fused_moe: {self.fused_moe}, decoder layer: {layer}, "
                 f"sampler: {self.sampler}, gguf: {self.gguf}, huge pages: {'on' if self.huge_pages else 'off'}")
 

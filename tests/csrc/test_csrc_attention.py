@@ -17,7 +17,7 @@ from fastdeploy.model_executor.layers.attention.metadata import build_attention_
 from fastdeploy.model_executor.custom_op import set_op_backend
 from fastdeploy.model_executor.layers.attention.paged_attention import PagedAttention
 from fastdeploy.platforms.cpu import attention_kernel_paths
-from fastdeploy.platforms.interface import OpBackend
+from fastdeploy.platforms.interface import ATTN_PREFETCH_L2, OpBackend
 from tests.csrc.conftest import bf16_round
 
 H, KVH = 6, 2
@@ -108,6 +108,17 @@ def test_bf16_dot_products_match_paddle_within_bf16_rounding(d, block_size, bf16
     np.testing.assert_allclose(out, ref, rtol=5e-2, atol=5e-3)
     # Not the fp32 path under another name: the bf16 rounding shows.
     assert np.abs(out - batch.kernel(attn_isa=0)).max() > 1e-6
+
+
+@pytest.mark.parametrize("isa", [0, *BF16_ISAS])
+@pytest.mark.parametrize("cache_dtype", ["float32", "bfloat16"])
+def test_l2_prefetch_changes_no_output(isa, cache_dtype):
+    """ATTN_PREFETCH_L2 only moves where the next rows are fetched to: the same path, bit for bit."""
+    batch = Batch(64, 16, SCHEDULE, cache_dtype=cache_dtype)
+    l1 = batch.kernel(attn_isa=isa)
+    np.testing.assert_array_equal(batch.kernel(attn_isa=isa + ATTN_PREFETCH_L2), l1)
+    if isa and cache_dtype == "bfloat16":  # the flag did not send the bf16 path's rows to the fp32 path
+        assert np.abs(l1 - batch.kernel(attn_isa=ATTN_PREFETCH_L2)).max() > 1e-6
 
 
 @pytest.mark.parametrize("bf16_isa", BF16_ISAS)

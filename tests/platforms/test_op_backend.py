@@ -13,7 +13,7 @@ from fastdeploy.model_executor.layers.attention.cpu_attn import CpuPagedAttentio
 from fastdeploy.model_executor.layers.attention.paddle_attn import PaddleAttentionImpl
 from fastdeploy.platforms import current_platform
 from fastdeploy.platforms.cpu import cpu_flags, cpu_has_avx512, gguf_kernel_path
-from fastdeploy.platforms.interface import OpBackend
+from fastdeploy.platforms.interface import ATTN_PREFETCH_L2, OpBackend
 from tests.call_counter import count_calls
 from tests.model_executor.utils import PagedRunner, build_tiny_checkpoint, load_our_model
 
@@ -58,7 +58,7 @@ def test_kernel_backend_layers_run_the_kernels(checkpoint, kernel_calls):
     bf16 = "avx512_bf16" in cpu_flags()
     amx = bf16 and {"amx_tile", "amx_bf16"} <= cpu_flags()
     assert backend.attention == ("paged-amx-bf16" if amx else "paged-avx512-bf16" if bf16 else fp32_path)
-    assert backend.attn_isa == (2 if amx else 1 if bf16 else 0)
+    assert backend.attn_isa == (2 if amx else 1 if bf16 else 0) + (ATTN_PREFETCH_L2 if backend.attention_prefetch == "l2" else 0)
     model = load_our_model(checkpoint)
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.attn.impl, CpuPagedAttentionImpl)
@@ -120,6 +120,26 @@ def test_describe_names_each_path():
     assert OpBackend(paddle_fused_rms_norm=True, huge_pages=True).describe() == (
         "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, fused_moe: paddle, "
         "decoder layer: per-op, sampler: numpy, gguf: paddle, huge pages: on")
+
+
+def test_attention_prefetch_level_is_the_platforms_choice(monkeypatch):
+    import fastdeploy.platforms.cpu as cpu
+
+    for vendor, level in [("AuthenticAMD", "l2"), ("GenuineIntel", "l1"), (None, "l1")]:
+        monkeypatch.setattr(cpu, "cpuinfo", lambda key, v=vendor: v if key == "vendor_id" else None)
+        assert cpu.attention_prefetch_level() == level
+        for wanted in ("l1", "l2"):
+            monkeypatch.setenv("FD_CPU_ATTENTION_PREFETCH", wanted)
+            assert cpu.attention_prefetch_level() == wanted
+        monkeypatch.delenv("FD_CPU_ATTENTION_PREFETCH")
+    monkeypatch.setenv("FD_CPU_ATTENTION_PREFETCH", "l3")
+    with pytest.raises(ValueError, match="FD_CPU_ATTENTION_PREFETCH must be auto, l1 or l2, got 'l3'"):
+        cpu.attention_prefetch_level()
+    # The kernels get it as a flag on attn_isa, and the start-up line names it.
+    l2 = OpBackend(attention="paged-avx512-bf16", attention_prefetch="l2")
+    assert l2.attn_isa == 1 + ATTN_PREFETCH_L2 and OpBackend(attention="paged-avx512-bf16").attn_isa == 1
+    assert "attention: paged-avx512-bf16 (L2 prefetch), " in l2.describe()
+    assert OpBackend(attention="paged-avx2", attention_prefetch="l2").attn_isa == ATTN_PREFETCH_L2
 
 
 def test_fd_cpu_attention_kernel_picks_the_attention_path(monkeypatch):
