@@ -50,10 +50,12 @@ def main() -> None:
 
     _C.omp_thread_control().set_threads(args.threads)
     h, kvh, d, bs = args.heads, args.kv_heads, args.head_dim, args.block_size
-    paths = {path + ("" if level == "l1" else f"/{level}"):
-             OpBackend(attention=f"paged-{path}", attention_prefetch=level).attn_isa
+    def column(path: str, level: str) -> str:
+        return path if level == "l1" else f"{path}/{level}"
+
+    paths = {column(path, level): OpBackend(attention=f"paged-{path}", attention_prefetch=level).attn_isa
              for path in attention_kernel_paths() for level in args.prefetch}
-    fp32_path = next(name for name in paths if name.startswith(attention_kernel_paths()[-1]))
+    fp32_path = column(attention_kernel_paths()[-1], args.prefetch[0])
     rng = np.random.default_rng(0)
     rows = {}
     for name, seqs, cached, new in CASES:

@@ -73,7 +73,6 @@ inline void load_row(const uint16_t* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
 }
 
-// Store n fp32 values into a float or bf16 row.
 // Asks for the `bytes` from p (whole 64-byte lines) ahead of their use, into L2 where `l2`, else L1.
 inline void prefetch_bytes(const void* p, int64_t bytes, bool l2) {
   const char* c = static_cast<const char*>(p);
@@ -86,6 +85,7 @@ inline void prefetch_bytes(const void* p, int64_t bytes, bool l2) {
   }
 }
 
+// Store n fp32 values into a float or bf16 row.
 inline void store_row(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 inline void store_row(const float* src, uint16_t* dst, int64_t n) {
 #pragma omp simd

@@ -142,15 +142,21 @@ def attention_kernel_path() -> str:
     return _chosen_path("FD_CPU_ATTENTION_KERNEL", envs.cpu_attention_kernel(), attention_kernel_paths())
 
 
-def attention_prefetch_level() -> str:
-    """Where the attention kernels fetch the KV-cache rows they read next: FD_CPU_ATTENTION_PREFETCH when set,
-    else ``l2`` on AMD CPUs and ``l1`` on the others.
+def attention_prefetch_level(attention_path: str | None) -> str:
+    """Where the attention kernels on ``attention_path`` (None: plain Paddle's) fetch the KV-cache rows they read
+    next: FD_CPU_ATTENTION_PREFETCH when set, else ``l2`` on AMD CPUs and ``l1`` on the others; ``l1`` (the
+    setting is moot, and a set one draws a warning) on Paddle's and the plain-C++ path, which prefetch nothing.
 
     A decode's keys sit in scattered 6 KB blocks and each row is read once. On a Zen 4 EPYC, fetching them
     into L2 made 16 decodes over 330 and 1,000 tokens, streamed over 30 layers' caches, 1.5-1.8x faster than
     into L1; on Sapphire Rapids L2 was the same or slower.
     """
     wanted = envs.cpu_attention_prefetch()
+    if attention_path in (None, "scalar"):
+        if wanted != "auto":
+            logger.warning("FD_CPU_ATTENTION_PREFETCH=%s does nothing: the attention runs on %s, which prefetches "
+                           "no rows.", wanted, f"the {attention_path} kernel path" if attention_path else "Paddle")
+        return "l1"
     if wanted != "auto":
         return wanted
     return "l2" if cpuinfo("vendor_id") == "AuthenticAMD" else "l1"
@@ -300,7 +306,7 @@ class CpuPlatform(Platform):
 
             built = _C.load()
             attn_backend_cls = self.get_attn_backend_cls()
-            attention = attn_backend_cls == CPU_ATTN_BACKEND
+            attention_path = attention_kernel_path() if attn_backend_cls == CPU_ATTN_BACKEND else None
             w8a8, w8a8_weight_max = w8a8_kernel(built)
             self._op_backend = OpBackend(
                 # linear.cc builds the panel kernel on AVX2 CPUs without bf16 units, oneDNN elsewhere.
@@ -308,8 +314,8 @@ class CpuPlatform(Platform):
                 rms_norm="csrc" if {"fd_rms_norm", "fd_fused_add_rms_norm"} <= built else "paddle",
                 paddle_fused_rms_norm=_paddle_fused_rms_norm_works(),
                 silu_and_mul="csrc" if "fd_silu_and_mul" in built else "paddle",
-                attention=f"paged-{attention_kernel_path()}" if attention else "paddle",
-                attention_prefetch=attention_prefetch_level(),
+                attention=f"paged-{attention_path}" if attention_path else "paddle",
+                attention_prefetch=attention_prefetch_level(attention_path),
                 attn_backend_cls=attn_backend_cls,
                 # Its expert weights are packed by fd_linear_pack: only with the linear kernel.
                 fused_moe="csrc" if {"fd_fused_moe", "fd_linear"} <= built else "paddle",

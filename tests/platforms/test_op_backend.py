@@ -127,14 +127,22 @@ def test_attention_prefetch_level_is_the_platforms_choice(monkeypatch):
 
     for vendor, level in [("AuthenticAMD", "l2"), ("GenuineIntel", "l1"), (None, "l1")]:
         monkeypatch.setattr(cpu, "cpuinfo", lambda key, v=vendor: v if key == "vendor_id" else None)
-        assert cpu.attention_prefetch_level() == level
+        assert cpu.attention_prefetch_level("avx512-bf16") == level
         for wanted in ("l1", "l2"):
             monkeypatch.setenv("FD_CPU_ATTENTION_PREFETCH", wanted)
-            assert cpu.attention_prefetch_level() == wanted
+            assert cpu.attention_prefetch_level("avx512-bf16") == wanted
         monkeypatch.delenv("FD_CPU_ATTENTION_PREFETCH")
     monkeypatch.setenv("FD_CPU_ATTENTION_PREFETCH", "l3")
     with pytest.raises(ValueError, match="FD_CPU_ATTENTION_PREFETCH must be auto, l1 or l2, got 'l3'"):
-        cpu.attention_prefetch_level()
+        cpu.attention_prefetch_level("avx512-bf16")
+    # Paddle's attention and the plain-C++ path prefetch nothing: the setting is moot there, and says so.
+    warned = []
+    monkeypatch.setattr(cpu.logger, "warning", lambda msg, *args: warned.append(msg % args))
+    monkeypatch.setenv("FD_CPU_ATTENTION_PREFETCH", "l2")
+    assert cpu.attention_prefetch_level(None) == "l1" and cpu.attention_prefetch_level("scalar") == "l1"
+    assert len(warned) == 2 and "FD_CPU_ATTENTION_PREFETCH=l2 does nothing" in warned[0] and "scalar" in warned[1]
+    monkeypatch.delenv("FD_CPU_ATTENTION_PREFETCH")
+    assert cpu.attention_prefetch_level(None) == "l1" and len(warned) == 2
     # The kernels get it as a flag on attn_isa, and the start-up line names it.
     l2 = OpBackend(attention="paged-avx512-bf16", attention_prefetch="l2")
     assert l2.attn_isa == 1 + ATTN_PREFETCH_L2 and OpBackend(attention="paged-avx512-bf16").attn_isa == 1
