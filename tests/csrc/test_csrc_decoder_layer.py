@@ -14,18 +14,19 @@ def _logits(model, fused: set[int] | None) -> np.ndarray:
     """A prefill, a chunk over cached context beside a decode, then two decodes; logits of every step.
 
     ``fused``: the layers that keep the fused kernel (None: all of them); the others run op by op.
+    The first step's 191 tokens are more than one of the kernel's MLP row chunks (128) and a part-filled one.
     """
     for i, layer in enumerate(model.model.layers):
         layer.process_weights_after_loading()  # what loading did: the fused kernel's arguments
         if fused is not None and i not in fused:
             object.__setattr__(layer, "_fused_args", None)
     model.model.plan_fused_runs()
-    runner = PagedRunner(model, num_blocks=32, block_size=4, seed=1)
-    runner.add("a", list(range(5, 30)))
-    runner.add("b", list(range(40, 52)))
-    out = [runner.step([("a", 25), ("b", 7)]).numpy()]
+    runner = PagedRunner(model, num_blocks=64, block_size=4, seed=1)
+    runner.add("a", list(range(5, 155)))
+    runner.add("b", list(range(200, 250)))
+    out = [runner.step([("a", 150), ("b", 41)]).numpy()]
     runner.append("a", 9)
-    out.append(runner.step([("a", 1), ("b", 5)]).numpy())
+    out.append(runner.step([("a", 1), ("b", 9)]).numpy())
     for token in (3, 4):
         runner.append("a", token)
         runner.append("b", token)
