@@ -15,6 +15,9 @@ FD_CPU_INT_KERNEL       the kernel path of the integer formats (--quantization w
                         avx512-bf16 rounds a bf16 model's activations to bf16 for bf16 dot products; onednn,
                         oneDNN's weight-decompression matmul on AVX512-BF16/AMX for the weight-only formats, on request)
                         or one of them by name; "scalar" also runs w8a8 in portable C++ instead of oneDNN. A path the CPU cannot run is refused.
+FD_CPU_FP8_KERNEL       the kernel path of --quantization fp8: "auto" (default: the best this CPU runs, amx-bf16 >
+                        avx512-bf16 for bf16 models, else avx512 > avx2 > scalar in fp32) or one of them by name; a
+                        path the CPU cannot run is refused.
 FD_CPU_ATTENTION_KERNEL the paged-attention path: "auto" (default: the best this CPU runs, amx-bf16 > avx512-bf16 >
                         the build's fp32 path avx512 / avx2 / scalar) or one of them by name; avx512-bf16 multiplies
                         bf16 KV caches with bf16 dot products, amx-bf16 takes their scores from AMX tiles (fp32

@@ -209,6 +209,15 @@ class CpuPlatform(Platform):
         "w4afp8": "W4AFP8 computes with FP8 activations, and these CPUs have no FP8 arithmetic",
         "wint2": "W2A16 (wint2) runs on FastDeploy's GPU 2-bit weight kernels only; no CPU kernel is built for it",
         "w2a16": "W2A16 (FastDeploy's wint2) runs on GPU 2-bit weight kernels only; no CPU kernel is built for it",
+        "block_wise_fp8": "FastDeploy's block-wise FP8 computes with FP8 activations, and these CPUs have no FP8 "
+                          "arithmetic; --quantization fp8 serves e4m3 weights (block-wise scales included) widened "
+                          "in the kernel",
+        "wfp8afp8": "W8A8 FP8 computes with FP8 activations, and these CPUs have no FP8 arithmetic; --quantization "
+                    "fp8 serves e4m3 weights widened in the kernel",
+        "awq_marlin": "Marlin kernels run on NVIDIA GPUs only; --quantization awq serves the same AWQ checkpoints "
+                      "on CPU (their config.json selects it without -q)",
+        "gptq_marlin": "Marlin kernels run on NVIDIA GPUs only; --quantization gptq serves the same GPTQ checkpoints "
+                       "on CPU (their config.json selects it without -q)",
         # The name config.json carries; its fp8 form (float-quantized, strategy "channel") is the one asked for.
         "compressed-tensors": "compressed-tensors checkpoints (fp8 float-quantized per channel, int8 W8A8) have no "
                               "loader here; fp8 checkpoints in vLLM's Fp8Config form (quant_method 'fp8': per-tensor "

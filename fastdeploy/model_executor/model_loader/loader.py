@@ -111,7 +111,7 @@ def initialize_dummy_weights(model: nn.Layer, seed: int = DUMMY_SEED, std: float
         raise ValueError(f"Dummy weights left {len(unset)} parameters without a value, e.g. {unset[:5]}.")
 
 
-def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -> dict[str, Any]:
+def quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -> dict[str, Any]:
     """``{"quant_config": ...}`` for ``--quantization``, or nothing without it.
 
     Raises:
@@ -119,8 +119,8 @@ def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -
     """
     from fastdeploy.model_executor.layers.quantization import (
         NO_QUANTIZATION,
-        checkpoint_quantization_config,
         get_quantization_config,
+        quantization_config_for,
     )
 
     name = getattr(model_config, "quantization", None)
@@ -133,8 +133,8 @@ def _quantization_kwargs(model_config: Any, model_cls: type, load_format: str) -
     if load_format == "dummy":
         raise ValueError(f"quantization={name!r} loads its weights from the checkpoint; load_format='dummy' "
                          "has none to keep.")
-    # The checkpoint's own quantization_config (bits, group size...) where it has one; -q alone gives {}.
-    quant_config = get_quantization_config(name).from_config(checkpoint_quantization_config(model_config.hf_config) or {})
+    # The checkpoint's own settings (bits, group size...) where it has them; -q alone gives {}.
+    quant_config = get_quantization_config(name).from_config(quantization_config_for(name, model_config))
     if name == "gguf" and model_config.gguf_file:
         quant_config.unquantized_modules = gguf_dense_modules(os.path.join(model_config.model_path,
                                                                            model_config.gguf_file))
@@ -168,7 +168,7 @@ def get_model(model_config: Any, load_config: Any = None) -> nn.Layer:
     backend = get_op_backend()
     logger.info("Kernel paths: %s.", backend.describe(dtype))
     with paddle.no_grad(), set_op_backend(backend):
-        quant_kwargs = _quantization_kwargs(model_config, model_cls, load_format)
+        quant_kwargs = quantization_kwargs(model_config, model_cls, load_format)
         # Parameters live in the platform's storage dtype (fp32 on CPU); models that can,
         # convert their weights for the compute dtype once loaded (packed bf16 matmul weights).
         if load_format == "dummy":

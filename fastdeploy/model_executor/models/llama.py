@@ -210,21 +210,30 @@ class LlamaDecoderLayer(nn.Layer):
     # (process_weights_after_loading); None: the layer runs op by op. LlamaModel runs the layers
     # that have them in runs of one call each; called alone, a layer runs op by op.
     _fused_args: FusedLayerArgs | None = None
+    op_by_op_reason = ""
 
     def process_weights_after_loading(self) -> None:
         """Switch to the fused kernel when the platform built it and every matmul of the layer is packed (or GGUF)."""
-        object.__setattr__(self, "_fused_args", self._build_fused_args())
+        built = self._build_fused_args()
+        object.__setattr__(self, "_fused_args", None if isinstance(built, str) else built)
+        object.__setattr__(self, "op_by_op_reason", built if isinstance(built, str) else "")
 
-    def _build_fused_args(self) -> FusedLayerArgs | None:
+    def _build_fused_args(self) -> FusedLayerArgs | str:
+        """The fused kernel's arguments, or why the layer runs op by op ("" where LlamaModel already said why)."""
         attn, mlp = self.self_attn, self.mlp
-        if not isinstance(mlp, LlamaMLP):  # the fused kernel computes the dense SwiGLU only
-            return None
-        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        weights = [m.quant_method.kernel_weight(m) for m in linears]
-        if not self._fusable or any(w is None for w in weights):
-            return None
+        if not self._fusable:
+            return ""
+        if not isinstance(mlp, LlamaMLP):
+            return "the fused kernel computes the dense SwiGLU only, not this layer's MoE block"
+        linears = {"qkv_proj": attn.qkv_proj, "o_proj": attn.o_proj, "gate_up_proj": mlp.gate_up_proj,
+                   "down_proj": mlp.down_proj}
+        weights = [m.quant_method.kernel_weight(m) for m in linears.values()]
+        missing = [f"{name} ({type(m.quant_method).__name__})" for (name, m), w in zip(linears.items(), weights,
+                                                                                      strict=True) if w is None]
+        if missing:
+            return f"no weights packed for the fused kernel: {', '.join(missing)}"
         if len({w.dtype for w in weights}) != 1:  # one compute dtype (or GGUF) for the whole layer
-            return None
+            return f"its matmuls compute in different dtypes ({', '.join(w.dtype for w in weights)})"
         qkv, o, gu, down = weights
         qk_norm_w, qk_eps = attn.qk_norm.kernel_args() if attn.qk_norm is not None else (None, 0.0)
         norm_in = self.input_layernorm
@@ -299,14 +308,32 @@ class LlamaModel(nn.Layer):
         return hidden_states
 
     def process_weights_after_loading(self) -> None:
-        """Each layer's fused kernel arguments (its weights are packed by now), then the runs they make."""
-        for layer in self.layers:
+        """Each layer's fused kernel arguments (its weights are packed by now), then the runs they make; the
+        layers that run op by op instead are logged with the reason (one line per reason)."""
+        reasons: dict[str, list[int]] = {}
+        for i, layer in enumerate(self.layers):
             layer.process_weights_after_loading()
+            reason = getattr(layer, "op_by_op_reason", "")  # other models' layer classes have no fused kernel
+            if reason:
+                reasons.setdefault(reason, []).append(i)
+        for reason, layers in reasons.items():
+            logger.info("Decoder layers %s of %d run op by op: %s.", _ranges(layers), len(self.layers), reason)
         self.plan_fused_runs()
 
     def plan_fused_runs(self) -> None:
         """Group the layers whose fused kernel arguments are set into runs of one op call each (after loading)."""
         self._plan = plan_runs([layer._fused_args for layer in self.layers])
+
+
+def _ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (sorted input)."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 # HF projection name -> (fused parameter's module name, shard id).

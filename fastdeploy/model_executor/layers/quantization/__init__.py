@@ -16,6 +16,8 @@ list of methods: the CPU platform supports what is registered here.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +81,22 @@ def checkpoint_quantization_config(hf_config: Any) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, dict) else dict(value.to_dict())
 
 
+def quantization_config_for(name: str, model_config: Any) -> dict[str, Any]:
+    """The settings ``--quantization name`` is built from: config.json's ``quantization_config``, else the first
+    of the format's own files beside the weights (``get_config_filenames``, as vLLM reads older AutoGPTQ /
+    AutoAWQ checkpoints), else ``{}`` (a format quantized at load)."""
+    config = checkpoint_quantization_config(model_config.hf_config)
+    if config:
+        return config
+    folder = getattr(model_config, "model_path", None)
+    for filename in get_quantization_config(name).get_config_filenames():
+        path = os.path.join(folder, filename) if folder else None
+        if path and os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                return dict(json.load(f))
+    return {}
+
+
 def checkpoint_quant_method(hf_config: Any) -> str | None:
     """The method a checkpoint says it is quantized with: ``quant_method`` (Hugging Face / vLLM) or
     ``quantization`` (FastDeploy's own checkpoints); None for an unquantized checkpoint."""
@@ -86,7 +104,8 @@ def checkpoint_quant_method(hf_config: Any) -> str | None:
     if not config:
         return None
     method = config.get("quant_method") or config.get("quantization")
-    return str(method).lower() if method else None
+    # vLLM's name for llm-compressor checkpoints is "compressed-tensors"; their config.json spells it with "_".
+    return str(method).lower().replace("compressed_tensors", "compressed-tensors") if method else None
 
 
 __all__ = [
@@ -97,5 +116,6 @@ __all__ = [
     "checkpoint_quantization_config",
     "get_quantization_config",
     "get_quantization_methods",
+    "quantization_config_for",
     "register_quantization_config",
 ]

@@ -25,14 +25,16 @@ import numpy as np
 import paddle
 from paddle import nn
 
+from fastdeploy.distributed.parallel_state import get_tensor_model_parallel_world_size
 from fastdeploy.model_executor.layers.linear import LinearBase
-from fastdeploy.model_executor.layers.quantization import register_quantization_config
+from fastdeploy.model_executor.layers.quantization import quantization_config_for, register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from fastdeploy.model_executor.layers.quantization.int_kernels import Int4Weight
 from fastdeploy.model_executor.layers.quantization.weight_only import (
     IntLinearMethod,
     int_kernel_path,
     is_quantized_layer,
+    is_skipped_module,
     refuse_gguf,
 )
 from fastdeploy.model_executor.utils import new_parameter
@@ -67,13 +69,14 @@ class CheckpointInt4Method(IntLinearMethod):
 
     Args:
         fmt: "awq" or "gptq".
-        group: the checkpoint's ``group_size``.
+        group: the checkpoint's ``group_size`` (-1: per channel, one group of all input rows).
         path: the platform's integer-kernel path.
+        zero_offset: added to the stored zeros (GPTQ's original format stores ``zero - 1``).
     """
 
-    def __init__(self, fmt: str, group: int, path: str) -> None:
+    def __init__(self, fmt: str, group: int, path: str, zero_offset: int = 0) -> None:
         super().__init__(4, group, path)
-        self.fmt = fmt
+        self.fmt, self.zero_offset = fmt, zero_offset
         self.names = ("qweight", "qzeros", "scales") + (("g_idx",) if fmt == "gptq" else ())
 
     def create_weights(self, layer: LinearBase, input_size: int, output_size: int, bias: bool, dtype: str) -> None:
@@ -105,29 +108,30 @@ class CheckpointInt4Method(IntLinearMethod):
 
     def quantize(self, layer: LinearBase) -> Int4Weight:
         k, n = layer.input_size, layer.output_size
+        group = k if self.group == -1 else self.group
         scales = self._tensor(layer, "scales", 1).astype(np.float32)
+        order = AWQ_ORDER if self.fmt == "awq" else tuple(range(8))
+        zeros = unpack_int32(self._tensor(layer, "qzeros", 1), 1, order).astype(np.float32) + self.zero_offset
         if self.fmt == "awq":
             q = unpack_int32(self._tensor(layer, "qweight", 1), 1, AWQ_ORDER)
-            zeros = unpack_int32(self._tensor(layer, "qzeros", 1), 1, AWQ_ORDER).astype(np.float32)
             perm = None
         else:
             q = unpack_int32(self._tensor(layer, "qweight", 1), 0)
-            zeros = unpack_int32(self._tensor(layer, "qzeros", 1), 1).astype(np.float32) + 1
             g_idx = self._tensor(layer, "g_idx", -1).astype(np.int64)
-            perm = None if np.array_equal(g_idx, np.arange(k) // self.group) else np.argsort(g_idx, kind="stable")
+            perm = None if np.array_equal(g_idx, np.arange(k) // group) else np.argsort(g_idx, kind="stable")
             if perm is not None:
                 counts = np.bincount(g_idx, minlength=scales.shape[0])
-                if not np.all(counts[:-1] == self.group):
-                    raise ValueError(f"{type(layer).__name__}: g_idx groups are not {self.group} rows each.")
+                if not np.all(counts[:-1] == group):
+                    raise ValueError(f"{type(layer).__name__}: g_idx groups are not {group} rows each.")
                 q = q[perm]
         if q.shape != (k, n) or scales.shape != zeros.shape or scales.shape[1] != n:
             raise ValueError(f"{type(layer).__name__}: {self.fmt} tensors {q.shape}, scales {scales.shape}, zeros "
-                             f"{zeros.shape} do not fit [in, out] = [{k}, {n}] with group {self.group}.")
+                             f"{zeros.shape} do not fit [in, out] = [{k}, {n}] with group {group}.")
         object.__setattr__(layer, "_int_perm", None if perm is None else paddle.to_tensor(perm))
         for name in self.names:  # the placeholders give way to the packed buffers
             layer._parameters.pop(name, None)
         object.__setattr__(layer, "_ckpt", {})
-        return Int4Weight(q, scales, zeros, self.group)
+        return Int4Weight(q, scales, zeros, group)
 
     def apply(self, layer: LinearBase, x: paddle.Tensor) -> paddle.Tensor:
         perm = layer._int_perm
@@ -135,42 +139,74 @@ class CheckpointInt4Method(IntLinearMethod):
 
 
 class _CheckpointInt4Config(QuantizationConfig):
-    """A 4-bit checkpoint format: ``bits`` and ``group_size`` from its ``quantization_config``."""
+    """A 4-bit checkpoint format: its ``quantization_config`` (or quantizer's own json file beside the weights).
+
+    Args:
+        bits: must be 4.
+        group: ``group_size``; -1: one group of all input rows (per channel).
+        zero_offset: added to the stored zeros (1 for GPTQ's original format, which stores ``zero - 1``).
+        skip: ``modules_to_not_convert``: layers the checkpoint keeps unquantized (any part of a layer's name).
+    """
 
     fmt = ""
 
-    def __init__(self, bits: int = 4, group: int = 128) -> None:
+    def __init__(self, bits: int = 4, group: int = 128, zero_offset: int = 0, skip: list[str] | None = None) -> None:
         if bits != 4:
             raise ValueError(f"quantization={self.fmt!r} with bits={bits} has no CPU kernel; supported: bits=4.")
-        if group <= 0:
-            raise ValueError(f"quantization={self.fmt!r}: group_size={group} (per-channel) is not supported; "
-                             "supported: a positive group_size.")
-        self.group = group
+        if group <= 0 and group != -1:
+            raise ValueError(f"quantization={self.fmt!r}: group_size={group} is not supported; supported: a positive "
+                             "group_size, or -1 (per channel).")
+        self.group, self.zero_offset, self.skip = group, zero_offset, list(skip or [])
         self.path = int_kernel_path(self.fmt)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(bits=4, group_size={self.group})"
+        skip = f", modules_to_not_convert={self.skip}" if self.skip else ""
+        return f"{type(self).__name__}(bits=4, group_size={self.group}{skip}, kernel={self.path})"
 
     @classmethod
     def get_name(cls) -> str:
         return cls.fmt
 
     @classmethod
+    def _refuse(cls, field: str, value: Any, supported: str) -> ValueError:
+        return ValueError(f"quantization={cls.fmt!r}: {field}={value!r} in the checkpoint's quantization config is "
+                          f"not supported on CPU; supported: {supported}.")
+
+    @classmethod
     def from_config(cls, config: dict[str, Any]) -> _CheckpointInt4Config:
+        # Fields that change the layout or what is quantized: honoured, or refused by name.
+        if config.get("lm_head"):
+            raise cls._refuse("lm_head", config["lm_head"], "lm_head=false (the LM head unquantized)")
+        if config.get("dynamic"):
+            raise cls._refuse("dynamic", config["dynamic"], "no per-module overrides")
         bits = int(config.get("bits", config.get("w_bit", 4)))
         group = int(config.get("group_size", config.get("q_group_size", 128)))
-        return cls(bits, group)
+        return cls(bits, group, cls._zero_offset(config), config.get("modules_to_not_convert"))
+
+    @classmethod
+    def _zero_offset(cls, config: dict[str, Any]) -> int:
+        """What the format adds to its stored zeros (after refusing the layouts it does not load)."""
+        return 0
 
     @classmethod
     def check_model(cls, model_config: Any) -> None:
         refuse_gguf(cls.fmt, model_config)
-        qc = getattr(model_config.hf_config, "quantization_config", None)
-        if not qc:
+        config = quantization_config_for(cls.fmt, model_config)
+        if not config:
+            files = " or ".join(cls.get_config_filenames())
             raise ValueError(f"quantization={cls.fmt!r} loads a pre-quantized checkpoint; {model_config.model!r} "
-                             "has no quantization_config (use wint4 to quantize a bf16/fp32 checkpoint at load).")
+                             f"has no quantization_config in config.json and no {files} (use wint4 to quantize a "
+                             "bf16/fp32 checkpoint at load).")
+        cls.from_config(config)  # its refusals at start-up
 
     def get_quant_method(self, layer: nn.Layer, prefix: str) -> QuantizeMethodBase | None:
-        return CheckpointInt4Method(self.fmt, self.group, self.path) if is_quantized_layer(layer) else None
+        if not is_quantized_layer(layer) or is_skipped_module(prefix, self.skip, self.fmt, "modules_to_not_convert",
+                                                               substring=True):
+            return None
+        if get_tensor_model_parallel_world_size() > 1:
+            raise ValueError(f"quantization={self.fmt!r} under tensor parallelism is not supported (the packed "
+                             "qweight / qzeros / g_idx are not split per rank); supported: tensor_parallel_size=1.")
+        return CheckpointInt4Method(self.fmt, self.group, self.path, self.zero_offset)
 
 
 @register_quantization_config("awq")
@@ -179,9 +215,35 @@ class AWQConfig(_CheckpointInt4Config):
 
     fmt = "awq"
 
+    @classmethod
+    def get_config_filenames(cls) -> list[str]:
+        return ["quant_config.json", "quantize_config.json"]
+
+    @classmethod
+    def _zero_offset(cls, config: dict[str, Any]) -> int:
+        version = str(config.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise cls._refuse("version", config["version"], "'gemm' (the qweight [in, out/8] layout)")
+        if not config.get("zero_point", True):
+            raise cls._refuse("zero_point", config["zero_point"], "zero_point=true (checkpoints with qzeros)")
+        return 0
+
 
 @register_quantization_config("gptq")
 class GPTQConfig(_CheckpointInt4Config):
     """``--quantization gptq``: AutoGPTQ 4-bit checkpoints (``g_idx`` / ``desc_act`` included)."""
 
     fmt = "gptq"
+
+    @classmethod
+    def get_config_filenames(cls) -> list[str]:
+        return ["quantize_config.json"]
+
+    @classmethod
+    def _zero_offset(cls, config: dict[str, Any]) -> int:
+        # AutoGPTQ's original format stores zero - 1; gptq_v2 (GPTQModel) stores the zeros themselves.
+        fmt = str(config.get("checkpoint_format") or "gptq").lower()
+        if config.get("is_marlin_format") or fmt not in ("gptq", "gptq_v2"):
+            raise cls._refuse("checkpoint_format", "marlin" if config.get("is_marlin_format") else fmt,
+                              "'gptq' and 'gptq_v2'")
+        return 1 if fmt == "gptq" else 0

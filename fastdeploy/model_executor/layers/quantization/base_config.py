@@ -47,6 +47,12 @@ class QuantizationConfig(ABC):
         """Build from a checkpoint's ``quantization_config``."""
 
     @classmethod
+    def get_config_filenames(cls) -> list[str]:
+        """Files beside the weights that hold the format's settings where config.json has no
+        ``quantization_config`` (vLLM's name; e.g. AutoGPTQ's ``quantize_config.json``); none by default."""
+        return []
+
+    @classmethod
     def check_model(cls, model_config: Any) -> None:
         """Refuse, at start-up, a model this format cannot serve (a ValueError naming why); nothing by default."""
         del model_config

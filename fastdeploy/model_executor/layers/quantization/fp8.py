@@ -39,7 +39,7 @@ from fastdeploy.model_executor.layers.linear import KernelWeight, LinearBase, Li
 from fastdeploy.model_executor.layers.quantization import register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from fastdeploy.model_executor.layers.quantization.int_kernels import path_for_dtype
-from fastdeploy.model_executor.layers.quantization.weight_only import is_quantized_layer, refuse_gguf
+from fastdeploy.model_executor.layers.quantization.weight_only import is_quantized_layer, is_skipped_module, refuse_gguf
 from fastdeploy.model_executor.utils import new_parameter
 
 logger = init_logger(__name__)
@@ -49,8 +49,6 @@ E4M3_MAX = 448.0  # the largest finite e4m3 value (code 0x7E)
 PANEL = 16
 # The kernel path names (OpBackend.fp8) -> the op's isa argument.
 KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512-bf16": 3, "amx-bf16": 4}
-# The checkpoint's projections behind each fused layer (for ignored_layers).
-_FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 @cache
@@ -275,13 +273,7 @@ class Fp8Config(QuantizationConfig):
 
     def is_skipped(self, prefix: str) -> bool:
         """Whether ``prefix`` is in ``ignored_layers`` (a fused layer: all of its projections, or none)."""
-        owner, _, leaf = prefix.rpartition(".")
-        names = [f"{owner}.{s}" if owner else s for s in _FUSED_SHARDS.get(leaf, (leaf,))]
-        skipped = {any(n == ig or n.startswith(ig + ".") for ig in self.ignored_layers) for n in names}
-        if len(skipped) > 1:
-            raise ValueError(f"quantization='fp8': ignored_layers names some of the projections fused in {prefix} "
-                             f"({', '.join(names)}) but not all; they must be quantized alike.")
-        return skipped.pop()
+        return is_skipped_module(prefix, self.ignored_layers, NAME, "ignored_layers")
 
     def get_quant_method(self, layer: nn.Layer, prefix: str) -> QuantizeMethodBase | None:
         if not is_quantized_layer(layer) or self.is_skipped(prefix):

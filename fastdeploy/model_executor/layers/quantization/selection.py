@@ -90,7 +90,11 @@ def select_quantization(fd_config: FDConfig, platform: Platform) -> None:
             checkpoint's, or cannot serve this model (the message names the method / tensor).
     """
     model_config = fd_config.model_config
-    requested = model_config.quantization
+    # Names are case-insensitive, as in vLLM (-q AWQ is awq); one the platform refuses is refused before any other
+    # check, with its reason.
+    requested = model_config.quantization.lower() if model_config.quantization else None
+    if requested in platform.unsupported_quantization:
+        check_method(requested, platform)
     checkpoint = checkpoint_quant_method(model_config.hf_config) if not model_config.gguf_file else None
     if checkpoint is not None:
         if checkpoint not in get_quantization_methods() and checkpoint not in platform.unsupported_quantization:
@@ -116,9 +120,6 @@ def select_quantization(fd_config: FDConfig, platform: Platform) -> None:
         return
     check_method(requested, platform)
     _check_servable(requested, fd_config, platform)
-    if model_config.gguf_file and requested != GGUF:
-        logger.info("quantization=%r on the GGUF file %s: its tensors are dequantized at load, then quantized "
-                    "with %s.", requested, model_config.gguf_file, requested)
 
 
 def _infer_gguf(fd_config: FDConfig, platform: Platform) -> None:

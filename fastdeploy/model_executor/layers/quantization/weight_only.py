@@ -77,6 +77,23 @@ def is_quantized_layer(layer: nn.Layer) -> bool:
     return isinstance(layer, LinearBase) and not isinstance(layer, ParallelLMHead)
 
 
+# The checkpoint's projections behind each fused layer (a checkpoint's list of unquantized modules names those).
+FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def is_skipped_module(prefix: str, skip: list[str], method: str, field: str, substring: bool = False) -> bool:
+    """Whether the layer ``prefix`` is one a checkpoint's ``field`` leaves unquantized: a name equal to or a parent
+    of it (fp8's ``ignored_layers``), or, with ``substring``, any part of it (AWQ's ``modules_to_not_convert``,
+    as vLLM matches it). A fused layer is all of its projections or none of them (a ValueError otherwise)."""
+    owner, _, leaf = prefix.rpartition(".")
+    names = [f"{owner}.{s}" if owner else s for s in FUSED_SHARDS.get(leaf, (leaf,))]
+    skipped = {any((m in n) if substring else (n == m or n.startswith(m + ".")) for m in skip) for n in names}
+    if len(skipped) > 1:
+        raise ValueError(f"quantization={method!r}: {field} names some of the projections fused in {prefix} "
+                         f"({', '.join(names)}) but not all; they must be quantized alike.")
+    return skipped.pop()
+
+
 def refuse_gguf(name: str, model_config: Any) -> None:
     """A ValueError for a GGUF file: formats quantized at load start from a Hugging Face checkpoint."""
     if getattr(model_config, "gguf_file", None):
@@ -114,6 +131,8 @@ class IntLinearMethod(LinearMethodBase):
         """Pack ``weight`` for the kernel of a model computing in ``dtype``, keep it as the layer's buffers and
         the op's arguments; drop the fp32 weight."""
         k = weight.q.shape[0]
+        # A checkpoint's per-channel group (-1) is known per layer: the weight carries its own.
+        weight_group = weight.group if isinstance(weight, Int4Weight) else self.group
         group = onednn_group(k, weight) if self.path == ONEDNN_PATH else None
         if group is not None:
             q, scales = onednn_operands(weight, group)
@@ -122,12 +141,12 @@ class IntLinearMethod(LinearMethodBase):
         else:
             if self.path == ONEDNN_PATH:  # a group too fine for oneDNN: AVX-512's int_gemm (onednn implies it)
                 logger.info("%s [%d, %d] int%d group %d: int_gemm avx512 (oneDNN needs whole groups of >= %d rows)",
-                            type(layer).__name__, k, layer.output_size, self.bits, self.group, ONEDNN_MIN_GROUP)
+                            type(layer).__name__, k, layer.output_size, self.bits, weight_group, ONEDNN_MIN_GROUP)
             packed = pack_int8(*weight) if isinstance(weight, Int8Weight) else pack_int4(weight)
             tensors = [paddle.to_tensor(linear_buffer(packed))]
-            group = self.group if self.bits == 4 else None
+            group = weight_group if self.bits == 4 else None
             isa = KERNEL_PATHS["avx512" if self.path == ONEDNN_PATH else path_for_dtype(self.path, dtype, k, group)]
-            args = ("int_gemm", tensors[0], layer.bias, layer.output_size, self.bits, self.group, isa)
+            args = ("int_gemm", tensors[0], layer.bias, layer.output_size, self.bits, weight_group, isa)
         for name, t in zip(("qweight", "scales"), tensors, strict=False):
             layer.register_buffer(name, t, persistable=True)
         object.__setattr__(layer, "_int_args", args)

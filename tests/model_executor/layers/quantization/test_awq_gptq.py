@@ -7,6 +7,7 @@ loader's unpacking); the reference is the same model with the dequantized weight
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -35,7 +36,12 @@ def pack_rows(v):
     return words.view(np.int32)
 
 
-def build(tmp_path, fmt, desc_act=False):
+# Checkpoint variants: GPTQModel's gptq_v2 (the zeros themselves stored), group_size -1 (per channel), the
+# settings in the quantizer's own json file instead of config.json, modules AWQ keeps unquantized.
+VARIANTS = ("", "gptq_v2", "per-channel", "quantize_config.json", "modules_to_not_convert")
+
+
+def build(tmp_path, fmt, desc_act=False, variant=""):
     """(quantized checkpoint folder, reference fp32 folder) of a tiny Llama."""
     from safetensors.numpy import load_file, save_file
 
@@ -49,17 +55,21 @@ def build(tmp_path, fmt, desc_act=False):
             quant[name] = w
             continue
         out_f, in_f = w.shape
-        groups = in_f // GROUP
+        group = in_f if variant == "per-channel" else GROUP
+        groups = in_f // group
         q = rng.integers(0, 16, (in_f, out_f), dtype=np.uint8)
         zeros = rng.integers(1, 16, (groups, out_f), dtype=np.uint8)
         scales = (rng.uniform(0.5, 1.5, (groups, out_f)) * 0.01).astype(np.float16)
         # GPTQ with desc_act: input rows in activation order, each group a scattered set of rows; the
         # order comes from the layer input's statistics, so projections of one input (q/k/v, gate/up) share it.
         inputs = name.replace("k_proj", "q_proj").replace("v_proj", "q_proj").replace("up_proj", "gate_proj")
-        g_idx = orders.setdefault(inputs, (rng.permutation(in_f) // GROUP if desc_act else np.arange(in_f) // GROUP)
+        g_idx = orders.setdefault(inputs, (rng.permutation(in_f) // group if desc_act else np.arange(in_f) // group)
                                   .astype(np.int32))
         deq = scales.astype(np.float32)[g_idx] * (q.astype(np.float32) - zeros.astype(np.float32)[g_idx])
         tensors[name] = np.ascontiguousarray(deq.T)
+        if variant == "modules_to_not_convert" and "down_proj" in name:
+            quant[name] = tensors[name].astype(np.float16)  # kept as a plain (fp16) weight
+            continue
         base = name[: -len(".weight")]
         quant[f"{base}.scales"] = scales
         if fmt == "awq":
@@ -67,43 +77,105 @@ def build(tmp_path, fmt, desc_act=False):
             quant[f"{base}.qzeros"] = pack_cols(zeros, AWQ_ORDER)
         else:
             quant[f"{base}.qweight"] = pack_rows(q)
-            quant[f"{base}.qzeros"] = pack_cols(zeros - 1)  # GPTQ stores zero - 1
+            quant[f"{base}.qzeros"] = pack_cols(zeros if variant == "gptq_v2" else zeros - 1)  # v1 stores zero - 1
             quant[f"{base}.g_idx"] = g_idx
     save_file(tensors, os.path.join(ref_dir, "model.safetensors"))
     q_dir = tmp_path / fmt
     q_dir.mkdir()
     save_file(quant, str(q_dir / "model.safetensors"))
     config = json.load(open(os.path.join(ref_dir, "config.json")))
-    config["quantization_config"] = (
-        {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"}
-        if fmt == "awq" else {"quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": desc_act, "sym": False})
+    group_size = -1 if variant == "per-channel" else GROUP
+    settings = ({"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm"}
+                if fmt == "awq" else
+                {"quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": desc_act, "sym": False})
+    if variant == "gptq_v2":
+        settings["checkpoint_format"] = "gptq_v2"
+    if variant == "modules_to_not_convert":
+        settings["modules_to_not_convert"] = ["down_proj"]
+    if variant == "quantize_config.json":  # AutoGPTQ's own file (AutoAWQ's quant_config.json), no "quant_method"
+        json.dump({k: v for k, v in settings.items() if k != "quant_method"}, open(q_dir / variant, "w"))
+    else:
+        config["quantization_config"] = settings
     json.dump(config, open(q_dir / "config.json", "w"))
     return str(q_dir), ref_dir
 
 
-@pytest.mark.parametrize("fmt,desc_act", [("awq", False), ("gptq", False), ("gptq", True)])
-def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantization(tmp_path, fmt, desc_act):
+@pytest.mark.parametrize("fmt,desc_act,variant", [("awq", False, ""), ("gptq", False, ""), ("gptq", True, ""),
+                                                  ("gptq", False, "gptq_v2"), ("gptq", False, "per-channel"),
+                                                  ("gptq", False, "quantize_config.json"),
+                                                  ("awq", False, "quantize_config.json"),
+                                                  ("awq", False, "modules_to_not_convert")])
+def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantization(tmp_path, fd_logs, fmt, desc_act,
+                                                                                     variant):
     from fastdeploy.engine.arg_utils import EngineArgs
     from fastdeploy.model_executor.custom_op import get_op_backend
     from fastdeploy.model_executor.model_loader import get_model
     from tests.model_executor.utils import load_our_model, prefill_logits
 
-    q_dir, ref_dir = build(tmp_path, fmt, desc_act)
-    config = EngineArgs(model=q_dir, dtype="float32").create_engine_config().model_config
+    q_dir, ref_dir = build(tmp_path, fmt, desc_act, variant)
+    if variant == "quantize_config.json":  # as in vLLM, the quantizer's own file is read for -q only
+        config = EngineArgs(model=q_dir, dtype="float32", quantization=fmt).create_engine_config().model_config
+    else:
+        config = EngineArgs(model=q_dir, dtype="float32").create_engine_config().model_config
     assert config.quantization == fmt  # from config.json, as vLLM
     model = get_model(config)
-    qkv = model.model.layers[0].self_attn.qkv_proj
+    layer = model.model.layers[0]
+    qkv = layer.self_attn.qkv_proj
     assert qkv.weight is None and qkv.qweight.dtype.name == "UINT8"
+    down = layer.mlp.down_proj
+    unquantized = type(down.quant_method).__name__ == "UnquantizedLinearMethod"
+    assert unquantized == (variant == "modules_to_not_convert")
     ref_model = load_our_model(ref_dir)
-    dense = ref_model.model.layers[0].self_attn.qkv_proj.dense_weight().numpy()
-    if desc_act:  # our rows are sorted by group once at load
-        dense = dense[qkv._int_perm.numpy()]
-    np.testing.assert_allclose(qkv.dense_weight().numpy(), dense, rtol=0, atol=1e-6)
+    ref_layer = ref_model.model.layers[0]
+    for ours, ref, atol in ((qkv, ref_layer.self_attn.qkv_proj, 1e-6),
+                            (down, ref_layer.mlp.down_proj, 1e-3 if variant == "modules_to_not_convert" else 1e-6)):
+        dense = ref.dense_weight().numpy()
+        if desc_act:  # our rows are sorted by group once at load
+            dense = dense[ours._int_perm.numpy()]
+        np.testing.assert_allclose(ours.dense_weight().numpy(), dense, rtol=0, atol=atol)
     prompt = [3, 17, 42, 5, 99, 64, 7, 1, 250, 33]
     got, want = prefill_logits(model, prompt), prefill_logits(ref_model, prompt)
     # int_gemm.cc computes in fp32; the "onednn" path rounds activations and weights to bf16.
     tol = 3e-2 if get_op_backend().int_gemm == "onednn" else 1e-4
     np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
+    if desc_act and get_op_backend().decoder_layer:  # act-order permutes x before the matmul: no fused layer
+        assert "run op by op: no weights packed for the fused kernel: qkv_proj (CheckpointInt4Method)" in fd_logs.text
+
+
+@pytest.mark.parametrize("fmt,field,value,supported", [
+    ("gptq", "lm_head", True, "lm_head=false"),
+    ("gptq", "dynamic", {"-:.*down_proj": {}}, "no per-module overrides"),
+    ("gptq", "checkpoint_format", "marlin", "'gptq' and 'gptq_v2'"),
+    ("gptq", "is_marlin_format", True, "'gptq' and 'gptq_v2'"),
+    ("awq", "version", "gemv", "'gemm'"),
+    ("awq", "zero_point", False, "zero_point=true"),
+    ("awq", "group_size", 0, "a positive group_size, or -1"),
+])
+def test_checkpoint_fields_without_a_loader_are_refused_by_name(fmt, field, value, supported):
+    from fastdeploy.model_executor.layers.quantization.awq_gptq import AWQConfig, GPTQConfig
+
+    cls = AWQConfig if fmt == "awq" else GPTQConfig
+    shown = "marlin" if field == "is_marlin_format" else value
+    name = "checkpoint_format" if field == "is_marlin_format" else field
+    with pytest.raises(ValueError, match=rf"quantization='{fmt}': {name}={re.escape(repr(shown))}.*supported: "
+                                         rf".*{re.escape(supported)}"):
+        cls.from_config({"bits": 4, "group_size": 128, field: value})
+
+
+def test_refusals_in_the_checkpoint_config_come_at_start_up_and_tp_is_refused(tmp_path, monkeypatch):
+    from fastdeploy.engine.arg_utils import EngineArgs
+    from fastdeploy.model_executor.layers.linear import ColumnParallelLinear
+    from fastdeploy.model_executor.layers.quantization import awq_gptq
+
+    q_dir, _ = build(tmp_path, "gptq")
+    config = json.load(open(os.path.join(q_dir, "config.json")))
+    config["quantization_config"]["lm_head"] = True
+    json.dump(config, open(os.path.join(q_dir, "config.json"), "w"))
+    with pytest.raises(ValueError, match=r"quantization='gptq': lm_head=True .* not supported on CPU"):
+        EngineArgs(model=q_dir).create_engine_config()
+    monkeypatch.setattr(awq_gptq, "get_tensor_model_parallel_world_size", lambda: 2)
+    with pytest.raises(ValueError, match=r"quantization='awq' under tensor parallelism is not supported"):
+        awq_gptq.AWQConfig().get_quant_method(ColumnParallelLinear(64, 64), "model.layers.0.mlp.gate_up_proj")
 
 
 def test_a_mismatched_or_unknown_method_is_refused(tmp_path):

@@ -187,10 +187,13 @@ def test_unsupported_fp8_variants_are_refused_by_name(tmp_path):
     config["quantization_config"] = {"quant_method": "compressed-tensors", "format": "float-quantized",
                                      "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float",
                                                                                "strategy": "channel"}}}}
-    json.dump(config, open(config_path, "w"))
-    with pytest.raises(ValueError, match=r"quantization='compressed-tensors' is not supported on cpu: "
-                                         r"compressed-tensors checkpoints \(fp8 float-quantized per channel"):
-        EngineArgs(model=q_dir).create_engine_config()
+    # llm-compressor's config.json may spell the method with an underscore: the same refusal.
+    for method in ("compressed-tensors", "compressed_tensors"):
+        config["quantization_config"]["quant_method"] = method
+        json.dump(config, open(config_path, "w"))
+        with pytest.raises(ValueError, match=r"quantization='compressed-tensors' is not supported on cpu: "
+                                             r"compressed-tensors checkpoints \(fp8 float-quantized per channel"):
+            EngineArgs(model=q_dir).create_engine_config()
 
 
 def test_without_the_kernels_fp8_is_refused():

@@ -147,7 +147,7 @@ def test_without_the_block_kernels_or_a_model_class_for_it_gguf_is_refused():
     from types import SimpleNamespace
 
     from fastdeploy.model_executor.custom_op import set_op_backend
-    from fastdeploy.model_executor.model_loader.loader import _quantization_kwargs
+    from fastdeploy.model_executor.model_loader.loader import quantization_kwargs
     from fastdeploy.model_executor.models.llama import LlamaForCausalLM
     from fastdeploy.platforms.interface import OpBackend
 
@@ -160,7 +160,7 @@ def test_without_the_block_kernels_or_a_model_class_for_it_gguf_is_refused():
 
     gguf = SimpleNamespace(quantization="gguf")
     with pytest.raises(ValueError, match="quantization='gguf' is not built for DenseOnly"):
-        _quantization_kwargs(gguf, DenseOnly, "auto")
+        quantization_kwargs(gguf, DenseOnly, "auto")
     with pytest.raises(ValueError, match="load_format='dummy' has none to keep"):
-        _quantization_kwargs(gguf, LlamaForCausalLM, "dummy")
-    assert _quantization_kwargs(SimpleNamespace(quantization=None), DenseOnly, "dummy") == {}
+        quantization_kwargs(gguf, LlamaForCausalLM, "dummy")
+    assert quantization_kwargs(SimpleNamespace(quantization=None), DenseOnly, "dummy") == {}

@@ -1,7 +1,6 @@
 """Which quantization a model gets at start-up: a GGUF file's blocks by default, ``-q none``, and the refusals."""
 
 import json
-import logging
 import os
 import shutil
 
@@ -19,16 +18,6 @@ def config(**kwargs):
     return EngineArgs(**{**ENGINE, **kwargs}).create_engine_config().model_config
 
 
-@pytest.fixture
-def fd_logs(caplog):
-    """The fastdeploy logger does not propagate to the root logger; let caplog see it."""
-    logger = logging.getLogger("fastdeploy")
-    logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO, logger="fastdeploy")
-    yield caplog
-    logger.removeHandler(caplog.handler)
-
-
 def test_a_gguf_file_is_served_in_its_blocks_by_default_and_none_dequantizes_it(fd_logs):
     assert config().quantization == "gguf"
     assert "served in its own blocks (quantization='gguf'" in fd_logs.text
@@ -37,11 +26,21 @@ def test_a_gguf_file_is_served_in_its_blocks_by_default_and_none_dequantizes_it(
     assert "--quantization none: the GGUF file SmolLM2-135M-Instruct.Q4_1.gguf is dequantized at load" in fd_logs.text
 
 
-@pytest.mark.parametrize("name, why", [("w4a8", "W4A8"), ("w4afp8", "FP8"), ("wint2", "W2A16"), ("w2a16", "W2A16")])
+@pytest.mark.parametrize("name, why", [("w4a8", "W4A8"), ("w4afp8", "FP8"), ("wint2", "W2A16"), ("w2a16", "W2A16"),
+                                       ("block_wise_fp8", "FP8 activations.*--quantization fp8"),
+                                       ("wfp8afp8", "FP8 activations.*--quantization fp8"),
+                                       ("awq_marlin", "Marlin.*--quantization awq"),
+                                       ("gptq_marlin", "Marlin.*--quantization gptq")])
 def test_gpu_only_formats_are_refused_by_name_with_the_supported_list(name, why):
     with pytest.raises(ValueError, match=rf"quantization='{name}' is not supported on cpu: .*{why}.*"
                                          r"Supported: awq, fp8, gguf, gptq, w8a8, wint4, wint8 .*'none'"):
         config(quantization=name)
+
+
+def test_method_names_are_case_insensitive():
+    assert config(quantization="GGUF").quantization == "gguf"
+    with pytest.raises(ValueError, match=r"quantization='w4a8' is not supported on cpu"):
+        config(quantization="W4A8")
 
 
 def test_an_unknown_method_is_refused_with_the_supported_list():
