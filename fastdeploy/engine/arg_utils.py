@@ -81,6 +81,33 @@ def _check_tensor_parallel_architecture(model_config: ModelConfig) -> None:
                          f"{', '.join(_TENSOR_PARALLEL_MODELS)}.")
 
 
+def _sliding_window_layers(hf_config: Any) -> list[int]:
+    """The layers a config gives sliding-window attention: its ``layer_types`` (transformers 5), else, with
+    ``use_sliding_window`` (Qwen2 / Qwen3 MoE), the layers from ``max_window_layers`` on."""
+    if not getattr(hf_config, "sliding_window", None):
+        return []
+    n = hf_config.num_hidden_layers
+    types = getattr(hf_config, "layer_types", None)
+    if types:
+        return [i for i, t in enumerate(types[:n]) if t == "sliding_attention"]
+    if getattr(hf_config, "use_sliding_window", False):
+        return list(range(int(getattr(hf_config, "max_window_layers", 0) or 0), n))
+    return []
+
+
+def _check_sliding_window(model_config: ModelConfig) -> None:
+    """Refuse, by name, sliding-window layers whose window a request could outgrow: the native model classes attend
+    to the whole context (the same keys while ``max_model_len`` fits in the window)."""
+    window = getattr(model_config.hf_config, "sliding_window", None)
+    layers = _sliding_window_layers(model_config.hf_config)
+    if layers and model_config.max_model_len > window:
+        raise ValueError(
+            f"{model_config.architectures[0]} has sliding-window attention (sliding_window={window} on {len(layers)} "
+            f"of {model_config.hf_config.num_hidden_layers} layers), which FastDeploy's native model classes do not "
+            f"implement; max_model_len={model_config.max_model_len} would let a request outgrow the window. Supported: "
+            f"--max-model-len {window} or less (every key inside the window), or --model-impl paddleformers.")
+
+
 def _native_architecture(model_config: ModelConfig) -> bool:
     """Whether the model's architecture has a native class (else "auto" serves it through PaddleFormers)."""
     from fastdeploy.model_executor.models.registry import ModelRegistry
@@ -192,6 +219,9 @@ class EngineArgs:
             allowed_local_media_path=self.allowed_local_media_path or "",
             allowed_media_domains=self.allowed_media_domains,
         )
+        if model_config.model_impl == "fastdeploy" or (model_config.model_impl == "auto"
+                                                       and _native_architecture(model_config)):
+            _check_sliding_window(model_config)
         cache_config = CacheConfig(
             block_size=self.block_size or 16,
             gpu_memory_utilization=self.gpu_memory_utilization,

@@ -15,13 +15,15 @@ import paddle
 
 from fastdeploy.config import LoadConfig, ModelConfig
 from fastdeploy.logger import init_logger
+from fastdeploy.model_executor.layers.attention.kv_cache_spec import (
+    FullAttentionSpec,
+    kv_cache_bytes_per_block,
+    model_kv_cache_specs,
+)
 from fastdeploy.model_executor.layers.attention.metadata import AttentionMetadata, build_attention_metadata
 from fastdeploy.spec_decode.config import SpeculativeConfig
 
 logger = init_logger(__name__)
-
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 def draft_model_config(spec: SpeculativeConfig, target: ModelConfig) -> ModelConfig:
     """The draft's ModelConfig (read at start-up); another vocabulary than the target's is a ValueError."""
@@ -47,21 +49,22 @@ class DraftModelProposer:
         self.block_size = block_size
         self.model = get_model(model_config, load_config)
         self.model.eval()
-        self.kv_caches: list[tuple[paddle.Tensor, paddle.Tensor]] = []
+        self.kv_caches: list[tuple[paddle.Tensor, ...]] = []
 
     @property
     def kv_cache_dtype(self) -> str:
         return getattr(self.model, "kv_cache_dtype", None) or "float32"
 
-    def kv_cache_bytes_per_block(self) -> int:
+    def kv_cache_specs(self) -> list[FullAttentionSpec]:
+        """The draft's cache per layer as the model describes it (an MLA draft: its latent), like the target's."""
         mc = self.model_config
-        return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * _DTYPE_BYTES[self.kv_cache_dtype]
+        return model_kv_cache_specs(self.model, mc.num_kv_heads, mc.head_dim, mc.num_layers, self.kv_cache_dtype)
+
+    def kv_cache_bytes_per_block(self) -> int:
+        return kv_cache_bytes_per_block(self.kv_cache_specs(), self.block_size)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        mc = self.model_config
-        shape = [num_blocks, self.block_size, mc.num_kv_heads, mc.head_dim]
-        self.kv_caches = [(paddle.empty(shape, dtype=self.kv_cache_dtype), paddle.empty(shape, dtype=self.kv_cache_dtype))
-                          for _ in range(mc.num_layers)]
+        self.kv_caches = [spec.allocate(num_blocks, self.block_size) for spec in self.kv_cache_specs()]
 
     def observe(self, input_ids: np.ndarray, positions: np.ndarray, meta: AttentionMetadata) -> None:
         """Run the target's step input through the draft, filling its KV cache at the same slots."""

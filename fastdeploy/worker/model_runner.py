@@ -18,7 +18,11 @@ from fastdeploy.engine.request import LogprobsLists
 from fastdeploy.engine.sched.output import SchedulerOutput
 from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.custom_op import get_op_backend
-from fastdeploy.model_executor.layers.attention.kv_cache_spec import FullAttentionSpec, kv_cache_bytes_per_block
+from fastdeploy.model_executor.layers.attention.kv_cache_spec import (
+    FullAttentionSpec,
+    kv_cache_bytes_per_block,
+    model_kv_cache_specs,
+)
 from fastdeploy.model_executor.layers.attention.metadata import build_attention_metadata
 from fastdeploy.model_executor.layers.sampler import LogprobsArrays, Sampler, logprobs_of_rows
 from fastdeploy.model_executor.model_loader import get_model
@@ -127,13 +131,10 @@ class ModelRunner:
     def kv_cache_specs(self) -> list[FullAttentionSpec]:
         """One spec per attention layer: the model's own (``get_kv_cache_spec``, e.g. MLA's latent),
         else K and V of ``num_kv_heads x head_dim`` per layer from the config."""
-        get_spec = getattr(self.model, "get_kv_cache_spec", None)
-        if get_spec is not None:
-            return get_spec()
         mc = self.model_config
         # K and V of this tensor-parallel rank's KV heads (a share, or one replicated head).
         num_kv_heads = mc.get_num_kv_heads(self.fd_config.parallel_config)
-        return [FullAttentionSpec(num_kv_heads, mc.head_dim, self.kv_cache_dtype)] * mc.num_layers
+        return model_kv_cache_specs(self.model, num_kv_heads, mc.head_dim, mc.num_layers, self.kv_cache_dtype)
 
     def kv_cache_bytes_per_block(self) -> int:
         own = kv_cache_bytes_per_block(self.kv_cache_specs(), self.block_size)

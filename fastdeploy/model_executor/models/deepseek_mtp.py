@@ -118,9 +118,10 @@ class DeepSeekMTP(nn.Layer):
     @classmethod
     def from_target(cls, target: DeepseekV2ForCausalLM, model_config: Any, load_format: str = "auto") -> DeepSeekMTP:
         """The modules of ``model_config``'s checkpoint (the target's), loaded and converted like the target."""
-        from fastdeploy.model_executor.model_loader.loader import get_weights_iterator
+        from fastdeploy.model_executor.model_loader.loader import get_weights_iterator, quantization_kwargs
 
-        mtp = cls(target, target.dtype_name)
+        # The target's --quantization applies to the modules' projections and experts too (as in vLLM).
+        mtp = cls(target, target.dtype_name, **quantization_kwargs(model_config, type(target), load_format))
         mtp.eval()
         with paddle.no_grad():
             mtp.load_weights(get_weights_iterator(model_config, load_format))
@@ -147,12 +148,15 @@ class DeepSeekMTP(nn.Layer):
         return [MLAAttentionSpec(1, self.target.head_dim, self.kv_cache_dtype)] * self.num_mtp_layers
 
     def process_weights_after_loading(self, dtype: str) -> None:
-        """Convert the modules' weights as the target converted its own (same kernels, same dtype)."""
+        """Convert the modules' weights as the target converted its own (same kernels, same dtype, same order:
+        experts, matmuls, then MLA's absorbed weights from the matmuls' packed values)."""
         from fastdeploy.model_executor.layers.linear import process_linear_weights
+        from fastdeploy.model_executor.models.moe import pack_experts
 
+        pack_experts(self, dtype)
+        process_linear_weights(self, dtype)
         for layer in self.model.layers.values():
             layer.process_weights_after_loading()
-        process_linear_weights(self, dtype)
         self.kv_cache_dtype = "bfloat16" if dtype == "bfloat16" else "float32"
 
     def load_weights(self, weights: Iterable[tuple[str, np.ndarray]]) -> set[str]:

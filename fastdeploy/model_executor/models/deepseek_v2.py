@@ -144,7 +144,7 @@ class DeepseekV2MLAAttention(nn.Layer):
                                                           mla_softmax_scale(c)))
 
     def process_weights_after_loading(self) -> None:
-        """Precompute the absorbed ``W_UK`` / ``W_UV`` from ``kv_b_proj`` (before its weight is packed)."""
+        """Precompute the absorbed ``W_UK`` / ``W_UV`` from ``kv_b_proj``'s weight as its matmul uses it (after packing)."""
         self.impl.set_kv_b_weight(self.kv_b_proj.dense_weight())
 
     def forward(self, positions: paddle.Tensor, hidden_states: paddle.Tensor, kv_cache: tuple[paddle.Tensor, ...],
@@ -268,6 +268,12 @@ class DeepseekV2ForCausalLM(MoEModelMixin, LlamaForCausalLM):
         """Whether RoPE rotates halves (NeoX) rather than interleaved pairs; V2 always pairs."""
         return False
 
+    @property
+    def mlp_bias(self) -> bool:
+        """``mlp_bias`` (DeepSeek-V2's config): biases on the dense and shared-expert SwiGLUs (the routed experts
+        have none, as in transformers)."""
+        return bool(getattr(self.config, "mlp_bias", False))
+
     def get_kv_cache_spec(self) -> list[MLAAttentionSpec]:
         """One latent of ``kv_lora_rank + qk_rope_head_dim`` per token and layer."""
         return [MLAAttentionSpec(1, self.head_dim, self.kv_cache_dtype)] * self.num_layers
@@ -279,7 +285,7 @@ class DeepseekV2ForCausalLM(MoEModelMixin, LlamaForCausalLM):
         """Layer ``layer_idx``'s feed-forward: DeepSeekMoE where :func:`is_moe_layer`, else the dense SwiGLU."""
         c = self.config
         return super().build_mlp(layer_idx, prefix, dtype, quant_config) or LlamaMLP(
-            c.hidden_size, c.intermediate_size, False, dtype, quant_config, prefix)
+            c.hidden_size, c.intermediate_size, self.mlp_bias, dtype, quant_config, prefix)
 
     def build_moe_block(self, prefix: str, dtype: str, quant_config: QuantizationConfig | None) -> nn.Layer:
         """Router + routed experts + ``n_shared_experts`` shared experts (one SwiGLU of their summed width).
@@ -305,7 +311,7 @@ class DeepseekV2ForCausalLM(MoEModelMixin, LlamaForCausalLM):
             routed_scaling_factor=float(getattr(c, "routed_scaling_factor", 1.0) or 1.0),
         )  # fmt: skip
         n_shared = getattr(c, "n_shared_experts", None) or 0
-        shared = (self.shared_mlp(c.moe_intermediate_size * n_shared, False, dtype, quant_config,
+        shared = (self.shared_mlp(c.moe_intermediate_size * n_shared, self.mlp_bias, dtype, quant_config,
                                   f"{prefix}.shared_experts") if n_shared else None)
         block = SparseMoeBlock(c.hidden_size, experts, dtype, prefix, shared=shared, shared_name="shared_experts")
         if bias is not None:

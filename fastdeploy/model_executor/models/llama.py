@@ -380,8 +380,6 @@ class LlamaForCausalLM(nn.Layer):
         # The dtype the matmuls compute in and the KV cache's dtype, set by process_weights_after_loading.
         self.compute_dtype = "float32"
         self.kv_cache_dtype = "float32"
-        if getattr(hf_config, "use_sliding_window", False) and getattr(hf_config, "sliding_window", None):
-            logger.warning("Sliding-window attention is not implemented: every layer attends to the full context.")
 
     @classmethod
     def decoder_options(cls, hf_config: Any) -> DecoderOptions:

@@ -122,9 +122,17 @@ class MoEModelMixin:
         Raises:
             RuntimeError: ``dtype`` is bfloat16 but the experts cannot compute in it (no kernel).
         """
-        moe_layers = [m for m in self.sublayers() if isinstance(m, FusedMoE)]
-        packed = [m.process_weights_after_loading(dtype) for m in moe_layers]
-        if dtype == "bfloat16" and not all(packed):
-            raise RuntimeError("bfloat16 MoE experts need the C++ fused MoE kernel (csrc/cpu/moe.cc), which is not "
-                               "available; use --dtype float32.")
+        pack_experts(self, dtype)
         super().process_weights_after_loading(dtype)
+
+
+def pack_experts(model: nn.Layer, dtype: str) -> None:
+    """Pack every FusedMoE layer of ``model`` for the MoE kernel in ``dtype`` (where the platform runs it).
+
+    Raises:
+        RuntimeError: ``dtype`` is bfloat16 but the experts cannot compute in it (no kernel).
+    """
+    packed = [m.process_weights_after_loading(dtype) for m in model.sublayers() if isinstance(m, FusedMoE)]
+    if dtype == "bfloat16" and not all(packed):
+        raise RuntimeError("bfloat16 MoE experts need the C++ fused MoE kernel (csrc/cpu/moe.cc), which is not "
+                           "available; use --dtype float32.")

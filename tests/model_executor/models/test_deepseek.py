@@ -245,6 +245,26 @@ def test_unsupported_fields_are_refused_by_name(tmp_path, field, value):
         DeepseekV3ForCausalLM(config)
 
 
+def test_v2_mlp_bias_on_the_dense_and_shared_mlps(tmp_path):
+    """DeepSeek-V2's ``mlp_bias``: biases on the dense and shared-expert SwiGLUs (random here: transformers
+    initializes them to zero), logits as transformers'."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = build_tiny_checkpoint("DeepseekV2ForCausalLM", tmp_path, num_hidden_layers=2, mlp_bias=True)
+    file = f"{path}/model.safetensors"
+    tensors = load_file(file)
+    gen = torch.Generator().manual_seed(1)
+    biases = [n for n in tensors if ".mlp." in n and n.endswith("_proj.bias")]
+    assert len(biases) == 6  # gate / up / down of layer 0's dense MLP and of layer 1's shared expert
+    for name in biases:
+        tensors[name] = 0.5 * torch.randn(tensors[name].shape, generator=gen)
+    save_file(tensors, file, metadata={"format": "pt"})
+    prompt = _prompt(9, seed=70)
+    np.testing.assert_allclose(prefill_logits(load_our_model(path), prompt), hf_logits(load_hf_model(path), prompt),
+                               atol=1e-4, rtol=0)
+
+
 def test_unsupported_rope_type_is_refused():
     from fastdeploy.model_executor.models.deepseek_v2 import DeepseekV2ForCausalLM
     from tests.model_executor.utils import tiny_hf_config

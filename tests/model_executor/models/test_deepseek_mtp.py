@@ -153,3 +153,25 @@ def test_target_skips_mtp_tensors_and_mtp_needs_them(mtp_checkpoint, tmp_path):
             DeepSeekMTP(target)
     finally:
         target.config.num_nextn_predict_layers = 1
+
+
+@pytest.mark.parametrize("dtype, quantization", [("bfloat16", None), ("float32", "wint8")])
+def test_mtp_modules_are_converted_like_the_target(mtp_checkpoint, dtype, quantization):
+    """The modules' experts are packed for the MoE kernel and their projections get the target's --quantization."""
+    from fastdeploy.config import ModelConfig
+    from fastdeploy.model_executor.custom_op import get_op_backend
+    from fastdeploy.model_executor.model_loader import get_model
+    from fastdeploy.model_executor.models.deepseek_mtp import DeepSeekMTP
+
+    if not get_op_backend().decoder_layer:
+        pytest.skip("the C++ kernels are not built here")
+    model_config = ModelConfig(model=mtp_checkpoint[0], dtype=dtype, quantization=quantization)
+    target = get_model(model_config)
+    mtp = DeepSeekMTP.from_target(target, model_config)
+    ours, theirs = mtp.model.layers[str(NUM_LAYERS)].mlp, target.model.layers[NUM_LAYERS - 1].mlp
+    assert ours.experts.is_packed == theirs.experts.is_packed == (dtype == "bfloat16")
+    own = [type(m.quant_method).__name__ for m in (ours.experts, ours.shared_experts.gate_up_proj)]
+    target_methods = [type(m.quant_method).__name__ for m in (theirs.experts, theirs.shared_experts.gate_up_proj)]
+    assert own == target_methods
+    if quantization:
+        assert own == ["IntFusedMoEMethod", "IntLinearMethod"]

@@ -87,6 +87,19 @@ def test_missing_weight_is_reported(tiny):
         type(ours)(ours.config).load_weights(weights)
 
 
+def test_sliding_window_is_refused_where_a_request_could_outgrow_it(tmp_path):
+    from fastdeploy.engine.arg_utils import EngineArgs
+    from tests.model_executor.utils import build_tiny_checkpoint
+
+    path = build_tiny_checkpoint("Qwen2ForCausalLM", tmp_path, use_sliding_window=True, sliding_window=32,
+                                 max_window_layers=1)
+    with pytest.raises(ValueError, match=r"sliding_window=32 on 1 of 2 layers.*max_model_len=64.*--max-model-len 32"):
+        EngineArgs(model=path, max_model_len=64, skip_tokenizer_init=True).create_engine_config()
+    # Inside the window every layer sees the same keys as full attention.
+    config = EngineArgs(model=path, max_model_len=32, skip_tokenizer_init=True).create_engine_config()
+    assert config.model_config.max_model_len == 32
+
+
 # ---------------------------------------------------------------------------- real SmolLM2 GGUF
 
 

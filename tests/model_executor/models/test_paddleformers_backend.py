@@ -362,7 +362,9 @@ def test_qwen2_moe_dense_layers_are_refused_by_name(tmp_path):
 
 
 @pytest.mark.parametrize(("arch", "why"), [("Ernie4_5_MoeForCausalLM", "expand_modality_expert_id"),
-                                           ("Qwen3MoeForCausalLM", "paddlefleet_ops")])
+                                           ("Qwen3MoeForCausalLM", "paddlefleet_ops"),
+                                           ("DeepseekV3ForCausalLM", "deepseek_v3 module does not import here.*"
+                                                                     "paddlefleet_ops")])
 def test_moe_classes_that_cannot_run_here_say_why(arch, why, tmp_path):
     folder = build_tiny_checkpoint(arch, tmp_path / arch)
     with pytest.raises(ValueError, match=why):

@@ -14,6 +14,7 @@ number of blocks from ``--kv-cache-memory-bytes``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import paddle
 
@@ -54,6 +55,16 @@ class MLAAttentionSpec(FullAttentionSpec):
     """Multi-head latent attention: one tensor per layer holding ``[c_kv ; k_pe]`` of each token."""
 
     num_tensors = 1
+
+
+def model_kv_cache_specs(model: Any, num_kv_heads: int, head_dim: int, num_layers: int,
+                         dtype: str) -> list[FullAttentionSpec]:
+    """One spec per attention layer of ``model``: its own (``get_kv_cache_spec``, e.g. MLA's latent), else K and V
+    of ``num_kv_heads x head_dim`` per layer."""
+    get_spec = getattr(model, "get_kv_cache_spec", None)
+    if get_spec is not None:
+        return get_spec()
+    return [FullAttentionSpec(num_kv_heads, head_dim, dtype)] * num_layers
 
 
 def kv_cache_bytes_per_block(specs: list[FullAttentionSpec], block_size: int) -> int:

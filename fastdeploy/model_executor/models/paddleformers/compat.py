@@ -143,6 +143,10 @@ def _module_for(arch: str) -> str | None:
     return None
 
 
+# Why find_model_class found no class for an architecture whose module PaddleFormers ships (for the refusal).
+_UNAVAILABLE: dict[str, str] = {}
+
+
 @functools.cache
 def find_model_class(arch: str) -> type | None:
     """The plain-Paddle PaddleFormers causal-LM class of ``arch``, or None when PaddleFormers has none here.
@@ -164,11 +168,13 @@ def find_model_class(arch: str) -> type | None:
         module = importlib.import_module(f"paddleformers.transformers.{package}.modeling")
     except Exception as e:  # noqa: BLE001 - e.g. modules that need paddlefleet's compiled ops
         logger.debug("PaddleFormers cannot import %s here: %s", package, e)
+        _UNAVAILABLE[arch] = f"PaddleFormers' {package} module does not import here ({type(e).__name__}: {e})"
         return None
     cls = getattr(module, name, None)
     if cls is None or _needs_fleet(cls):
         cls = getattr(module, name + "Deprecated", None)
     if cls is None or _needs_fleet(cls):
+        _UNAVAILABLE[arch] = f"PaddleFormers' {name} builds paddlefleet's GPU model only"
         return None
     if arch not in VALIDATED:
         logger.warning("PaddleFormers' %s has not been validated with the FastDeploy backend.", arch)
@@ -181,8 +187,9 @@ def _needs_fleet(cls: type) -> bool:
 
 
 def unsupported_reasons(architectures: list[str]) -> str:
-    """Why PaddleFormers' classes for any of ``architectures`` are refused ("" when none is)."""
-    return "".join(f" {a}: {KNOWN_UNSUPPORTED[a]}." for a in architectures if a in KNOWN_UNSUPPORTED)
+    """Why PaddleFormers' classes for any of ``architectures`` are refused or unavailable ("" when none is known)."""
+    reasons = {**_UNAVAILABLE, **KNOWN_UNSUPPORTED}
+    return "".join(f" {a}: {reasons[a]}." for a in architectures if a in reasons)
 
 
 @functools.cache
