@@ -102,8 +102,7 @@ def _set_omp_threads(n: int) -> None:
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q6_K],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_a_row_is_independent_of_the_batch_and_the_thread_count(qtype, path):
     n = 300  # enough columns for every thread to take some
     w = random_blocks(qtype, n, K)
