@@ -96,6 +96,14 @@ CONFIGS: dict[str, dict[str, str]] = {
 INT_TARGETS = {"wint8": 0.01, "w8a8": 0.01, "wint4": 0.04}
 
 
+def write_report(report: dict, path: str) -> None:
+    """Write ``report`` as JSON to ``path`` (its folder made) and print it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    print(json.dumps(report, indent=2))
+
+
 def engine_kwargs(name: str) -> dict[str, str]:
     """CONFIGS[name] with the Hugging Face folder converted (once, cached) where it names one."""
     kwargs = dict(CONFIGS[name])
@@ -154,10 +162,7 @@ def main() -> None:
         "relative_to_hf_bfloat16": relative_int,
         "within_target": {name: rel < INT_TARGETS[name] for name, rel in relative_int.items()},
     }
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
-    print(json.dumps(report, indent=2))
+    write_report(report, args.output)
 
 
 if __name__ == "__main__":
