@@ -213,6 +213,37 @@ def test_routing_matches_transformers(tiny):
                                np.take_along_axis(hf_weights.detach().numpy(), hf_order, 1), atol=1e-6, rtol=0)
     counts = np.bincount(ids.numpy().ravel(), minlength=8)
     assert counts.max() > 2  # several tokens share experts
+    # Three tokens: at most six of the eight experts get one, the rest none; the block's output (shared
+    # experts included) is still transformers'.
+    few = hidden[:3]
+    _, few_ids = block.experts.select_experts(block.gate(paddle.to_tensor(few)))
+    assert len(set(few_ids.numpy().ravel().tolist())) < 8
+    with torch.no_grad():
+        want = hf_block(torch.tensor(few)[None])[0].numpy()
+    np.testing.assert_allclose(block(paddle.to_tensor(few)).numpy(), want, atol=1e-5, rtol=0)
+
+
+def test_group_limited_greedy_matches_its_definition():
+    """DeepSeek-V2's group_limited_greedy (transformers 5.3's own crashes): softmax scores, the topk_group groups
+    with the best single expert, the top-k (3) experts inside them, weights scaled by routed_scaling_factor."""
+    from fastdeploy.model_executor.layers.fused_moe.router import select_experts
+
+    logits = np.random.default_rng(52).standard_normal((64, 8)).astype(np.float32)
+    weights, ids = select_experts(paddle.to_tensor(logits), 3, False, num_expert_group=4, topk_group=2,
+                                  routed_scaling_factor=1.5)
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs /= probs.sum(1, keepdims=True)
+    limited = 0  # tokens whose plain top-3 reaches outside their best groups: the rule must matter
+    for t in range(len(logits)):
+        best_groups = np.argsort(-probs[t].reshape(4, 2).max(1))[:2]
+        masked = np.zeros(8)
+        for g in best_groups:
+            masked[2 * g:2 * g + 2] = probs[t, 2 * g:2 * g + 2]
+        want = np.argsort(-masked)[:3]
+        limited += set(np.argsort(-probs[t])[:3].tolist()) != set(want.tolist())
+        assert set(ids.numpy()[t].tolist()) == set(want.tolist()), t
+        np.testing.assert_allclose(np.sort(weights.numpy()[t]), np.sort(1.5 * probs[t, want]), atol=1e-6, rtol=0)
+    assert limited > 0
 
 
 def test_grouped_routing_stays_in_topk_groups(tiny):

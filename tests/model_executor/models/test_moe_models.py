@@ -56,6 +56,24 @@ def test_sparse_layers_follow_the_config(moe):
         assert [(stop - start, run is None) for start, stop, run in model.model._plan] == [(1, s) for s in sparse]
 
 
+@pytest.mark.parametrize("layout, sparse", [
+    (dict(num_hidden_layers=3, moe_layer_start_index=1, moe_layer_end_index=-1), [False, True, True]),
+    (dict(num_hidden_layers=4, moe_layer_interval=2, moe_layer_end_index=-1), [False, True, False, True]),
+    (dict(num_hidden_layers=3, moe_layer_end_index=1), [True, True, False]),
+])
+def test_ernie_moe_layer_range_and_interval(layout, sparse, tmp_path):
+    """ERNIE-4.5-MoE's sparse layers from moe_layer_start_index to moe_layer_end_index (-1: the last) every
+    moe_layer_interval layers (counted from 1, as transformers does); logits as transformers'."""
+    from tests.model_executor.utils import hf_logits
+
+    folder = build_tiny_checkpoint("Ernie4_5_MoeForCausalLM", tmp_path, **layout)
+    model = load_our_model(folder)
+    assert [isinstance(getattr(layer.mlp, "experts", None), FusedMoE) for layer in model.model.layers] == sparse
+    prompt = list(range(40, 60))
+    np.testing.assert_allclose(prefill_logits(model, prompt), hf_logits(load_hf_model(folder), prompt),
+                               atol=1e-4, rtol=0)
+
+
 def test_batched_alone_and_prefix_hit_give_transformers_tokens(moe):
     """Four prompts batched (chunked prefills beside decodes), each alone, and one over a prefix-cache hit."""
     _, folder, hf = moe
