@@ -75,6 +75,8 @@ class ModelConfig:
         if self.dtype not in _STR_DTYPE:
             raise ValueError(f"Unknown dtype: {self.dtype!r}. Choose one of {sorted(_STR_DTYPE)}.")
         self.dtype = _STR_DTYPE[self.dtype]
+        if self.quantization:  # method names are case-insensitive, as in vLLM
+            self.quantization = self.quantization.lower()
         if self.model_impl not in ("auto", "fastdeploy", "paddleformers"):
             raise ValueError(
                 f"model_impl must be one of 'auto', 'fastdeploy', 'paddleformers', got {self.model_impl!r}."

@@ -63,13 +63,30 @@ def param_dtype(param: paddle.Tensor) -> str:
     return str(param.dtype).split(".")[-1]
 
 
+def _refuse_integer_weights(param: paddle.Tensor, array: Any, name: str) -> None:
+    """A ValueError for integer values headed for a floating-point parameter: a pre-quantized tensor whose method
+    did not load it (cast to floats it would be garbage, silently)."""
+    if isinstance(array, np.ndarray):
+        kind = array.dtype.kind
+    elif isinstance(array, paddle.Tensor):
+        kind = "i" if "int" in str(array.dtype) else ""
+    else:  # e.g. an fp8 tensor's bytes, which refuse their own conversion with the format's name
+        return
+    dtype = array.dtype
+    if kind in ("i", "u", "b") and param_dtype(param).startswith(("float", "bfloat")):
+        raise ValueError(f"The checkpoint tensor {name or 'of a parameter'} holds {dtype} values where the model "
+                         "expects floating-point weights: a pre-quantized checkpoint needs the --quantization "
+                         "method it was made with (awq, gptq and fp8 checkpoints select theirs from config.json).")
+
+
 def load_into(param: paddle.Tensor, array: Any, name: str = "") -> None:
-    """Copy ``array`` into ``param`` after checking the shapes agree."""
+    """Copy ``array`` into ``param`` after checking the shapes agree (and that it is not integer-quantized)."""
     shape = tuple(array.shape)
     if shape != tuple(param.shape):
         raise ValueError(
             f"Shape mismatch loading {name or 'a parameter'}: checkpoint has {shape}, model expects {tuple(param.shape)}."
         )
+    _refuse_integer_weights(param, array, name)
     param.set_value(to_tensor(array, param_dtype(param)))
 
 
@@ -82,6 +99,7 @@ def load_into_slice(param: paddle.Tensor, array: Any, start: int, size: int, axi
             f"Shape mismatch loading {name or 'a parameter'}: checkpoint has {tuple(array.shape)}, "
             f"model expects {tuple(expected)} for this shard."
         )
+    _refuse_integer_weights(param, array, name)
     index = [slice(None)] * len(expected)
     index[axis] = slice(start, start + size)
     param[tuple(index)] = to_tensor(array, param_dtype(param))

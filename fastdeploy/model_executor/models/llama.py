@@ -463,7 +463,10 @@ class LlamaForCausalLM(nn.Layer):
             owner = layers.get(name.rpartition(".")[0])
             loader = getattr(owner, "weight_loader", None)
             if loader is not None:
-                loader(params[name], array, shard)
+                try:
+                    loader(params[name], array, shard)
+                except ValueError as e:  # the layer names its shard; say which checkpoint tensor it was
+                    raise ValueError(f"{hf_name}: {e}") from e
             else:
                 load_into(params[name], array, hf_name)
             loaded.setdefault(name, set()).add(shard)

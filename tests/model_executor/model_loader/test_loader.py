@@ -61,6 +61,22 @@ def test_sharded_safetensors_and_bin_load_the_same(llama_dir, tmp_path):
     np.testing.assert_array_equal(prefill_logits(load_our_model(str(tmp_path / "bin"), load_format="pt"), PROMPT), want)
 
 
+@pytest.mark.parametrize("quantization", [None, "wint8"])
+def test_integer_weights_into_floating_point_parameters_are_refused(llama_dir, tmp_path, quantization):
+    """A pre-quantized tensor the chosen method does not load (an int8 q_proj read as floats, also where the
+    checkpoint names a format quantized at load) is a start-up error naming it, not garbage weights."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(llama_dir, tmp_path / "int8")
+    file = str(tmp_path / "int8" / "model.safetensors")
+    tensors = load_file(file)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    tensors[name] = np.clip(np.rint(tensors[name] * 100), -127, 127).astype(np.int8)
+    save_file(tensors, file)
+    with pytest.raises(ValueError, match=rf"{name}: .* holds int8 values where the model expects floating-point"):
+        get_model(ModelConfig(model=str(tmp_path / "int8"), quantization=quantization), LoadConfig())
+
+
 def test_bf16_safetensors_are_widened_exactly(llama_dir, tmp_path):
     hf = load_hf_model(llama_dir).to(torch.bfloat16)
     hf.save_pretrained(tmp_path, safe_serialization=True)

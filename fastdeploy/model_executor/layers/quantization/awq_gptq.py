@@ -168,6 +168,16 @@ class _CheckpointInt4Config(QuantizationConfig):
         return cls.fmt
 
     @classmethod
+    def _tp_refusal(cls) -> ValueError:
+        return ValueError(f"quantization={cls.fmt!r} under tensor parallelism is not supported (the packed qweight / "
+                          "qzeros / g_idx are not split per rank); supported: tensor_parallel_size=1.")
+
+    @classmethod
+    def check_tensor_parallel(cls, tensor_parallel_size: int) -> None:
+        if tensor_parallel_size > 1:
+            raise cls._tp_refusal()
+
+    @classmethod
     def _refuse(cls, field: str, value: Any, supported: str) -> ValueError:
         return ValueError(f"quantization={cls.fmt!r}: {field}={value!r} in the checkpoint's quantization config is "
                           f"not supported on CPU; supported: {supported}.")
@@ -179,6 +189,9 @@ class _CheckpointInt4Config(QuantizationConfig):
             raise cls._refuse("lm_head", config["lm_head"], "lm_head=false (the LM head unquantized)")
         if config.get("dynamic"):
             raise cls._refuse("dynamic", config["dynamic"], "no per-module overrides")
+        if config.get("modules_in_block_to_quantize"):
+            raise cls._refuse("modules_in_block_to_quantize", config["modules_in_block_to_quantize"],
+                              "every projection quantized (modules_to_not_convert for exceptions)")
         bits = int(config.get("bits", config.get("w_bit", 4)))
         group = int(config.get("group_size", config.get("q_group_size", 128)))
         return cls(bits, group, cls._zero_offset(config), config.get("modules_to_not_convert"))
@@ -197,6 +210,10 @@ class _CheckpointInt4Config(QuantizationConfig):
             raise ValueError(f"quantization={cls.fmt!r} loads a pre-quantized checkpoint; {model_config.model!r} "
                              f"has no quantization_config in config.json and no {files} (use wint4 to quantize a "
                              "bf16/fp32 checkpoint at load).")
+        method = str(config.get("quant_method", cls.fmt)).lower()
+        if method != cls.fmt:  # e.g. -q awq on a folder whose quantize_config.json is AutoGPTQ's
+            raise ValueError(f"quantization={cls.fmt!r}: {model_config.model!r}'s quantization settings name the "
+                             f"method {method!r}; use --quantization {method}.")
         cls.from_config(config)  # its refusals at start-up
 
     def get_quant_method(self, layer: nn.Layer, prefix: str) -> QuantizeMethodBase | None:
@@ -204,8 +221,7 @@ class _CheckpointInt4Config(QuantizationConfig):
                                                                substring=True):
             return None
         if get_tensor_model_parallel_world_size() > 1:
-            raise ValueError(f"quantization={self.fmt!r} under tensor parallelism is not supported (the packed "
-                             "qweight / qzeros / g_idx are not split per rank); supported: tensor_parallel_size=1.")
+            raise self._tp_refusal()
         return CheckpointInt4Method(self.fmt, self.group, self.path, self.zero_offset)
 
 

@@ -53,6 +53,11 @@ class QuantizationConfig(ABC):
         return []
 
     @classmethod
+    def check_tensor_parallel(cls, tensor_parallel_size: int) -> None:
+        """Refuse, at start-up, a tensor-parallel size the format's weights cannot split into; any by default."""
+        del tensor_parallel_size
+
+    @classmethod
     def check_model(cls, model_config: Any) -> None:
         """Refuse, at start-up, a model this format cannot serve (a ValueError naming why); nothing by default."""
         del model_config

@@ -79,7 +79,9 @@ def _check_servable(name: str, fd_config: FDConfig, platform: Platform) -> None:
     reason = platform.quantization_unavailable_reason(name)
     if reason is not None:
         raise ValueError(f"quantization={name!r} cannot run here: {reason}.")
-    get_quantization_config(name).check_model(model_config)
+    config_cls = get_quantization_config(name)
+    config_cls.check_tensor_parallel(fd_config.parallel_config.tensor_parallel_size)
+    config_cls.check_model(model_config)
 
 
 def select_quantization(fd_config: FDConfig, platform: Platform) -> None:
@@ -90,9 +92,8 @@ def select_quantization(fd_config: FDConfig, platform: Platform) -> None:
             checkpoint's, or cannot serve this model (the message names the method / tensor).
     """
     model_config = fd_config.model_config
-    # Names are case-insensitive, as in vLLM (-q AWQ is awq); one the platform refuses is refused before any other
-    # check, with its reason.
-    requested = model_config.quantization.lower() if model_config.quantization else None
+    # A name the platform refuses is refused before any other check, with its reason (ModelConfig lowercased it).
+    requested = model_config.quantization
     if requested in platform.unsupported_quantization:
         check_method(requested, platform)
     checkpoint = checkpoint_quant_method(model_config.hf_config) if not model_config.gguf_file else None

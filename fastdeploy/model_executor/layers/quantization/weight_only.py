@@ -89,7 +89,8 @@ def is_skipped_module(prefix: str, skip: list[str], method: str, field: str, sub
     names = [f"{owner}.{s}" if owner else s for s in FUSED_SHARDS.get(leaf, (leaf,))]
     skipped = {any((m in n) if substring else (n == m or n.startswith(m + ".")) for m in skip) for n in names}
     if len(skipped) > 1:
-        raise ValueError(f"quantization={method!r}: {field} names some of the projections fused in {prefix} "
+        how = " (its entries match any part of a layer's name, as in vLLM)" if substring else ""
+        raise ValueError(f"quantization={method!r}: {field}{how} names some of the projections fused in {prefix} "
                          f"({', '.join(names)}) but not all; they must be quantized alike.")
     return skipped.pop()
 

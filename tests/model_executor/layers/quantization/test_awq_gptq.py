@@ -36,9 +36,9 @@ def pack_rows(v):
     return words.view(np.int32)
 
 
-# Checkpoint variants: GPTQModel's gptq_v2 (the zeros themselves stored), group_size -1 (per channel), the
-# settings in the quantizer's own json file instead of config.json, modules AWQ keeps unquantized.
-VARIANTS = ("", "gptq_v2", "per-channel", "quantize_config.json", "modules_to_not_convert")
+# Checkpoint variants (build's ``variant``): GPTQModel's gptq_v2 (the zeros themselves stored), group_size -1 (per
+# channel), the settings in the quantizer's own json file ("quant_config.json": AutoGPTQ's quantize_config.json or
+# AutoAWQ's quant_config.json) instead of config.json, modules AWQ keeps unquantized.
 
 
 def build(tmp_path, fmt, desc_act=False, variant=""):
@@ -92,8 +92,12 @@ def build(tmp_path, fmt, desc_act=False, variant=""):
         settings["checkpoint_format"] = "gptq_v2"
     if variant == "modules_to_not_convert":
         settings["modules_to_not_convert"] = ["down_proj"]
-    if variant == "quantize_config.json":  # AutoGPTQ's own file (AutoAWQ's quant_config.json), no "quant_method"
-        json.dump({k: v for k, v in settings.items() if k != "quant_method"}, open(q_dir / variant, "w"))
+    if variant == "quant_config.json":  # the quantizer's own file: AutoGPTQ's, or AutoAWQ's with its own keys
+        if fmt == "awq":
+            own = {"w_bit": 4, "q_group_size": group_size, "zero_point": True, "version": "GEMM"}
+            json.dump(own, open(q_dir / "quant_config.json", "w"))
+        else:
+            json.dump({k: v for k, v in settings.items() if k != "quant_method"}, open(q_dir / "quantize_config.json", "w"))
     else:
         config["quantization_config"] = settings
     json.dump(config, open(q_dir / "config.json", "w"))
@@ -102,8 +106,8 @@ def build(tmp_path, fmt, desc_act=False, variant=""):
 
 @pytest.mark.parametrize("fmt,desc_act,variant", [("awq", False, ""), ("gptq", False, ""), ("gptq", True, ""),
                                                   ("gptq", False, "gptq_v2"), ("gptq", False, "per-channel"),
-                                                  ("gptq", False, "quantize_config.json"),
-                                                  ("awq", False, "quantize_config.json"),
+                                                  ("gptq", False, "quant_config.json"),
+                                                  ("awq", False, "quant_config.json"),
                                                   ("awq", False, "modules_to_not_convert")])
 def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantization(tmp_path, fd_logs, fmt, desc_act,
                                                                                      variant):
@@ -113,11 +117,11 @@ def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantizat
     from tests.model_executor.utils import load_our_model, prefill_logits
 
     q_dir, ref_dir = build(tmp_path, fmt, desc_act, variant)
-    if variant == "quantize_config.json":  # as in vLLM, the quantizer's own file is read for -q only
-        config = EngineArgs(model=q_dir, dtype="float32", quantization=fmt).create_engine_config().model_config
+    if variant == "quant_config.json":  # as in vLLM, the quantizer's own file is read for -q only
+        config = EngineArgs(model=q_dir, dtype="float32", quantization=fmt.upper()).create_engine_config().model_config
     else:
         config = EngineArgs(model=q_dir, dtype="float32").create_engine_config().model_config
-    assert config.quantization == fmt  # from config.json, as vLLM
+    assert config.quantization == fmt  # config.json's method, as in vLLM (or -q, case-insensitive)
     model = get_model(config)
     layer = model.model.layers[0]
     qkv = layer.self_attn.qkv_proj
@@ -145,6 +149,7 @@ def test_a_4bit_checkpoint_is_selected_by_its_config_and_matches_its_dequantizat
 @pytest.mark.parametrize("fmt,field,value,supported", [
     ("gptq", "lm_head", True, "lm_head=false"),
     ("gptq", "dynamic", {"-:.*down_proj": {}}, "no per-module overrides"),
+    ("gptq", "modules_in_block_to_quantize", [["self_attn.q_proj"]], "every projection quantized"),
     ("gptq", "checkpoint_format", "marlin", "'gptq' and 'gptq_v2'"),
     ("gptq", "is_marlin_format", True, "'gptq' and 'gptq_v2'"),
     ("awq", "version", "gemv", "'gemm'"),
@@ -173,6 +178,15 @@ def test_refusals_in_the_checkpoint_config_come_at_start_up_and_tp_is_refused(tm
     json.dump(config, open(os.path.join(q_dir, "config.json"), "w"))
     with pytest.raises(ValueError, match=r"quantization='gptq': lm_head=True .* not supported on CPU"):
         EngineArgs(model=q_dir).create_engine_config()
+    # The quantizer's own file naming another method than -q.
+    del config["quantization_config"]
+    json.dump(config, open(os.path.join(q_dir, "config.json"), "w"))
+    json.dump({"quant_method": "gptq", "bits": 4, "group_size": GROUP}, open(os.path.join(q_dir, "quant_config.json"), "w"))
+    with pytest.raises(ValueError, match=r"quantization='awq': .* settings name the method 'gptq'; use --quantization gptq"):
+        EngineArgs(model=q_dir, quantization="awq").create_engine_config()
+    q_dir, _ = build(tmp_path / "tp", "gptq")
+    with pytest.raises(ValueError, match=r"quantization='gptq' under tensor parallelism is not supported"):
+        EngineArgs(model=q_dir, tensor_parallel_size=2).create_engine_config()
     monkeypatch.setattr(awq_gptq, "get_tensor_model_parallel_world_size", lambda: 2)
     with pytest.raises(ValueError, match=r"quantization='awq' under tensor parallelism is not supported"):
         awq_gptq.AWQConfig().get_quant_method(ColumnParallelLinear(64, 64), "model.layers.0.mlp.gate_up_proj")
