@@ -82,22 +82,25 @@ def _check_tensor_parallel_architecture(model_config: ModelConfig) -> None:
 
 
 def _sliding_window_layers(hf_config: Any) -> list[int]:
-    """The layers a config gives sliding-window attention: its ``layer_types`` (transformers 5), else, with
-    ``use_sliding_window`` (Qwen2 / Qwen3 MoE), the layers from ``max_window_layers`` on."""
+    """The layers a config gives sliding-window attention: its ``layer_types`` (transformers 5), else every layer
+    where ``use_sliding_window`` is set."""
     if not getattr(hf_config, "sliding_window", None):
         return []
     n = hf_config.num_hidden_layers
     types = getattr(hf_config, "layer_types", None)
     if types:
         return [i for i, t in enumerate(types[:n]) if t == "sliding_attention"]
-    if getattr(hf_config, "use_sliding_window", False):
-        return list(range(int(getattr(hf_config, "max_window_layers", 0) or 0), n))
-    return []
+    # Qwen3-MoE has no layer_types and windows every layer (transformers does not read its max_window_layers).
+    return list(range(n)) if getattr(hf_config, "use_sliding_window", False) else []
 
 
-def _check_sliding_window(model_config: ModelConfig) -> None:
+def check_sliding_window(model_config: ModelConfig) -> None:
     """Refuse, by name, sliding-window layers whose window a request could outgrow: the native model classes attend
-    to the whole context (the same keys while ``max_model_len`` fits in the window)."""
+    to the whole context (the same keys while ``max_model_len`` fits in the window). PaddleFormers' layers window
+    their attention: a model served by them passes."""
+    if not (model_config.model_impl == "fastdeploy"
+            or (model_config.model_impl == "auto" and _native_architecture(model_config))):
+        return
     window = getattr(model_config.hf_config, "sliding_window", None)
     layers = _sliding_window_layers(model_config.hf_config)
     if layers and model_config.max_model_len > window:
@@ -219,9 +222,7 @@ class EngineArgs:
             allowed_local_media_path=self.allowed_local_media_path or "",
             allowed_media_domains=self.allowed_media_domains,
         )
-        if model_config.model_impl == "fastdeploy" or (model_config.model_impl == "auto"
-                                                       and _native_architecture(model_config)):
-            _check_sliding_window(model_config)
+        check_sliding_window(model_config)
         cache_config = CacheConfig(
             block_size=self.block_size or 16,
             gpu_memory_utilization=self.gpu_memory_utilization,

@@ -25,12 +25,16 @@ from fastdeploy.spec_decode.config import SpeculativeConfig
 
 logger = init_logger(__name__)
 
+
 def draft_model_config(spec: SpeculativeConfig, target: ModelConfig) -> ModelConfig:
     """The draft's ModelConfig (read at start-up); another vocabulary than the target's is a ValueError."""
     assert spec.model is not None
     draft = ModelConfig(model=spec.model, dtype=target.dtype, seed=target.seed, revision=spec.revision,
                         max_model_len=target.max_model_len, trust_remote_code=target.trust_remote_code,
                         skip_tokenizer_init=True)
+    from fastdeploy.engine.arg_utils import check_sliding_window
+
+    check_sliding_window(draft)
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"The draft model {spec.model!r} has a vocabulary of {draft.vocab_size} tokens, the target "
                          f"{target.model!r} one of {target.vocab_size}: draft_model needs the same tokenizer.")

@@ -60,8 +60,8 @@ class DeepSeekMultiTokenPredictorLayer(DeepseekV2DecoderLayer):
         hidden, eps = c.hidden_size, c.rms_norm_eps
         self.enorm = RMSNorm(hidden, eps, dtype)
         self.hnorm = RMSNorm(hidden, eps, dtype)
-        self.eh_proj = ReplicatedLinear(2 * hidden, hidden, bias=False, dtype=dtype, quant_config=quant_config,
-                                        prefix=f"{prefix}.eh_proj")
+        # Unquantized whatever the target's format (DeepSeek-V3's fp8 checkpoint keeps it bf16, as vLLM builds it).
+        self.eh_proj = ReplicatedLinear(2 * hidden, hidden, bias=False, dtype=dtype, prefix=f"{prefix}.eh_proj")
         self.shared_head = SharedHead(hidden, eps, dtype)
 
     def predict(self, inputs_embeds: paddle.Tensor, positions: paddle.Tensor, previous_hidden_states: paddle.Tensor,

@@ -175,3 +175,5 @@ def test_mtp_modules_are_converted_like_the_target(mtp_checkpoint, dtype, quanti
     assert own == target_methods
     if quantization:
         assert own == ["IntFusedMoEMethod", "IntLinearMethod"]
+    # eh_proj stays unquantized (DeepSeek-V3's fp8 checkpoint stores it in bf16; vLLM leaves it so too).
+    assert type(mtp.model.layers[str(NUM_LAYERS)].eh_proj.quant_method).__name__ == "UnquantizedLinearMethod"

@@ -98,6 +98,11 @@ def test_sliding_window_is_refused_where_a_request_could_outgrow_it(tmp_path):
     # Inside the window every layer sees the same keys as full attention.
     config = EngineArgs(model=path, max_model_len=32, skip_tokenizer_init=True).create_engine_config()
     assert config.model_config.max_model_len == 32
+    # Qwen3-MoE has no layer_types: transformers windows every layer, whatever max_window_layers says.
+    path = build_tiny_checkpoint("Qwen3MoeForCausalLM", tmp_path / "moe", use_sliding_window=True, sliding_window=32,
+                                 max_window_layers=2)
+    with pytest.raises(ValueError, match=r"sliding_window=32 on 2 of 2 layers"):
+        EngineArgs(model=path, max_model_len=64, skip_tokenizer_init=True).create_engine_config()
 
 
 # ---------------------------------------------------------------------------- real SmolLM2 GGUF
