@@ -64,7 +64,6 @@ def warn_ignored_flags(values: Mapping[str, Any], ignored: Mapping[str, tuple[An
     return warned
 
 
-
 # Native model classes whose every layer splits over tensor-parallel ranks (the dense Llama family);
 # the MoE experts and DeepSeek's latent attention do not shard yet.
 _TENSOR_PARALLEL_MODELS = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Ernie4_5ForCausalLM")
@@ -79,47 +78,6 @@ def _check_tensor_parallel_architecture(model_config: ModelConfig) -> None:
         raise ValueError(f"--tensor-parallel-size > 1 is not supported for {cls.__name__} by this FastDeploy build "
                          f"yet (its MoE experts / attention do not shard); tensor parallel runs "
                          f"{', '.join(_TENSOR_PARALLEL_MODELS)}.")
-
-
-def _sliding_window_layers(hf_config: Any) -> list[int]:
-    """The layers a config gives sliding-window attention: its ``layer_types`` (transformers 5), else every layer
-    where ``use_sliding_window`` is set."""
-    if not getattr(hf_config, "sliding_window", None):
-        return []
-    n = hf_config.num_hidden_layers
-    types = getattr(hf_config, "layer_types", None)
-    if types:
-        return [i for i, t in enumerate(types[:n]) if t == "sliding_attention"]
-    # Qwen3-MoE has no layer_types and windows every layer (transformers does not read its max_window_layers).
-    return list(range(n)) if getattr(hf_config, "use_sliding_window", False) else []
-
-
-def check_sliding_window(model_config: ModelConfig) -> None:
-    """Refuse, by name, sliding-window layers whose window a request could outgrow: the native model classes attend
-    to the whole context (the same keys while ``max_model_len`` fits in the window). PaddleFormers' layers window
-    their attention: a model served by them passes."""
-    if not (model_config.model_impl == "fastdeploy"
-            or (model_config.model_impl == "auto" and _native_architecture(model_config))):
-        return
-    window = getattr(model_config.hf_config, "sliding_window", None)
-    layers = _sliding_window_layers(model_config.hf_config)
-    if layers and model_config.max_model_len > window:
-        raise ValueError(
-            f"{model_config.architectures[0]} has sliding-window attention (sliding_window={window} on {len(layers)} "
-            f"of {model_config.hf_config.num_hidden_layers} layers), which FastDeploy's native model classes do not "
-            f"implement; max_model_len={model_config.max_model_len} would let a request outgrow the window. Supported: "
-            f"--max-model-len {window} or less (every key inside the window), or --model-impl paddleformers.")
-
-
-def _native_architecture(model_config: ModelConfig) -> bool:
-    """Whether the model's architecture has a native class (else "auto" serves it through PaddleFormers)."""
-    from fastdeploy.model_executor.models.registry import ModelRegistry
-
-    try:
-        ModelRegistry.resolve(model_config.architectures, "fastdeploy")
-    except ValueError:
-        return False
-    return True
 
 
 @dataclass
@@ -222,6 +180,8 @@ class EngineArgs:
             allowed_local_media_path=self.allowed_local_media_path or "",
             allowed_media_domains=self.allowed_media_domains,
         )
+        from fastdeploy.model_executor.models.sliding_window import check_sliding_window
+
         check_sliding_window(model_config)
         cache_config = CacheConfig(
             block_size=self.block_size or 16,
@@ -274,8 +234,9 @@ class EngineArgs:
                 raise ValueError("--tensor-parallel-size > 1 with prefill/decode disaggregation is not supported by "
                                  "this FastDeploy build yet: the KV connector reads one rank's cache "
                                  "(--splitwise-role / --kv-transfer-config).")
-            if model_config.model_impl == "paddleformers" or (
-                    model_config.model_impl == "auto" and not _native_architecture(model_config)):
+            from fastdeploy.model_executor.models.registry import serves_natively
+
+            if not serves_natively(model_config):
                 raise ValueError("--tensor-parallel-size > 1 is not supported by the PaddleFormers backend "
                                  "(--model-impl paddleformers): its layers are PaddleFormers' own, which hold "
                                  "every weight whole; use a natively implemented architecture.")

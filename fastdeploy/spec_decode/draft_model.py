@@ -32,7 +32,7 @@ def draft_model_config(spec: SpeculativeConfig, target: ModelConfig) -> ModelCon
     draft = ModelConfig(model=spec.model, dtype=target.dtype, seed=target.seed, revision=spec.revision,
                         max_model_len=target.max_model_len, trust_remote_code=target.trust_remote_code,
                         skip_tokenizer_init=True)
-    from fastdeploy.engine.arg_utils import check_sliding_window
+    from fastdeploy.model_executor.models.sliding_window import check_sliding_window
 
     check_sliding_window(draft)
     if draft.vocab_size != target.vocab_size:

@@ -450,6 +450,7 @@ class LlamaForCausalLM(nn.Layer):
         layers = dict(self.named_sublayers())
         loaded: dict[str, set[object]] = {}
         skipped: list[str] = []
+        unexpected: list[str] = []
         for hf_name, array in weights:
             if self.tie_word_embeddings and hf_name == "lm_head.weight":
                 continue  # the copy of the embedding below is the same tensor
@@ -458,7 +459,13 @@ class LlamaForCausalLM(nn.Layer):
                 continue
             name, shard = resolved
             if name not in params:
-                skipped.append(hf_name)
+                owner_name, _, leaf = name.rpartition(".")
+                # The layer exists without this parameter: an option not built here (refused after the loop, so
+                # that a tensor's own refusal, e.g. fp8 bytes without -q fp8, comes first).
+                if owner_name in layers:
+                    unexpected.append(f"{hf_name} ({type(layers[owner_name]).__name__} {owner_name} has no {leaf!r})")
+                else:
+                    skipped.append(hf_name)
                 continue
             owner = layers.get(name.rpartition(".")[0])
             loader = getattr(owner, "weight_loader", None)
@@ -470,6 +477,10 @@ class LlamaForCausalLM(nn.Layer):
             else:
                 load_into(params[name], array, hf_name)
             loaded.setdefault(name, set()).add(shard)
+        if unexpected:
+            raise ValueError(f"{len(unexpected)} checkpoint tensors have no parameter in layers this model does build, "
+                             f"e.g. {'; '.join(unexpected[:3])}: the checkpoint uses an option its config.json does "
+                             "not declare, or one FastDeploy does not implement.")
         if skipped:
             logger.warning("Ignored %d checkpoint tensors the model does not use, e.g. %s", len(skipped), skipped[:5])
         if "lm_head.weight" not in loaded:

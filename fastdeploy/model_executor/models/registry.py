@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from paddle import nn
 
@@ -149,3 +150,15 @@ def _paddleformers_model_class() -> type[nn.Layer]:
 def get_supported_archs() -> list[str]:
     """Every registered architecture name."""
     return ModelRegistry.get_supported_archs()
+
+
+def serves_natively(model_config: Any) -> bool:
+    """Whether ``model_config`` is served by a native class: ``model_impl='fastdeploy'``, or "auto" on an
+    architecture that has one (else "auto" serves it through PaddleFormers)."""
+    if model_config.model_impl != "auto":
+        return model_config.model_impl == "fastdeploy"
+    try:
+        ModelRegistry.resolve(model_config.architectures, "fastdeploy")
+    except ValueError:
+        return False
+    return True

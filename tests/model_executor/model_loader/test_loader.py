@@ -77,6 +77,21 @@ def test_integer_weights_into_floating_point_parameters_are_refused(llama_dir, t
         get_model(ModelConfig(model=str(tmp_path / "int8"), quantization=quantization), LoadConfig())
 
 
+def test_a_parameter_the_layer_does_not_have_is_refused_by_name(llama_dir, tmp_path):
+    """A bias on a layer built without one (an option config.json does not declare, like DeepSeek-V2's mlp_bias
+    before it was read) stops the load instead of being dropped with a warning."""
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(llama_dir, tmp_path / "bias")
+    file = str(tmp_path / "bias" / "model.safetensors")
+    tensors = load_file(file)
+    tensors["model.layers.0.mlp.down_proj.bias"] = np.ones(tensors["model.norm.weight"].shape, np.float32)
+    save_file(tensors, file)
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.down_proj.bias \(RowParallelLinear "
+                                         r"model.layers.0.mlp.down_proj has no 'bias'\)"):
+        get_model(ModelConfig(model=str(tmp_path / "bias")), LoadConfig())
+
+
 def test_bf16_safetensors_are_widened_exactly(llama_dir, tmp_path):
     hf = load_hf_model(llama_dir).to(torch.bfloat16)
     hf.save_pretrained(tmp_path, safe_serialization=True)
