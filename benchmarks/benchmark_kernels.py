@@ -646,6 +646,10 @@ def main() -> None:
     parser.add_argument("--child-task", default="steps", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        # Before any paddle import: fastdeploy puts Paddle's OpenMP runtime first, else oneDNN binds to libgomp
+        # and the process computes on one thread whatever OMP_NUM_THREADS says (fastdeploy/omp_runtime.py).
+        import fastdeploy  # noqa: F401
+
         if args.child_task == "moe":
             print(json.dumps(measure_moe(args.moe_layers, args.moe_reps, tuple(args.moe_formats))))
         elif args.child_task.startswith("vision:"):
