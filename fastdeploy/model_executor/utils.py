@@ -66,14 +66,10 @@ def param_dtype(param: paddle.Tensor) -> str:
 def _refuse_integer_weights(param: paddle.Tensor, array: Any, name: str) -> None:
     """A ValueError for integer values headed for a floating-point parameter: a pre-quantized tensor whose method
     did not load it (cast to floats it would be garbage, silently)."""
-    if isinstance(array, np.ndarray):
-        kind = array.dtype.kind
-    elif isinstance(array, paddle.Tensor):
-        kind = "i" if "int" in str(array.dtype) else ""
-    else:  # e.g. an fp8 tensor's bytes, which refuse their own conversion with the format's name
+    if not isinstance(array, (np.ndarray, paddle.Tensor)):  # e.g. fp8 bytes, which refuse their own conversion
         return
-    dtype = array.dtype
-    if kind in ("i", "u", "b") and param_dtype(param).startswith(("float", "bfloat")):
+    dtype = str(array.dtype).removeprefix("paddle.")
+    if ("int" in dtype or dtype == "bool") and param_dtype(param).startswith(("float", "bfloat")):
         raise ValueError(f"The checkpoint tensor {name or 'of a parameter'} holds {dtype} values where the model "
                          "expects floating-point weights: a pre-quantized checkpoint needs the --quantization "
                          "method it was made with (awq, gptq and fp8 checkpoints select theirs from config.json).")

@@ -25,7 +25,6 @@ import numpy as np
 import paddle
 from paddle import nn
 
-from fastdeploy.distributed.parallel_state import get_tensor_model_parallel_world_size
 from fastdeploy.model_executor.layers.linear import LinearBase
 from fastdeploy.model_executor.layers.quantization import quantization_config_for, register_quantization_config
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
@@ -168,14 +167,10 @@ class _CheckpointInt4Config(QuantizationConfig):
         return cls.fmt
 
     @classmethod
-    def _tp_refusal(cls) -> ValueError:
-        return ValueError(f"quantization={cls.fmt!r} under tensor parallelism is not supported (the packed qweight / "
-                          "qzeros / g_idx are not split per rank); supported: tensor_parallel_size=1.")
-
-    @classmethod
     def check_tensor_parallel(cls, tensor_parallel_size: int) -> None:
         if tensor_parallel_size > 1:
-            raise cls._tp_refusal()
+            raise ValueError(f"quantization={cls.fmt!r} under tensor parallelism is not supported (the packed "
+                             "qweight / qzeros / g_idx are not split per rank); supported: tensor_parallel_size=1.")
 
     @classmethod
     def _refuse(cls, field: str, value: Any, supported: str) -> ValueError:
@@ -220,8 +215,6 @@ class _CheckpointInt4Config(QuantizationConfig):
         if not is_quantized_layer(layer) or is_skipped_module(prefix, self.skip, self.fmt, "modules_to_not_convert",
                                                                substring=True):
             return None
-        if get_tensor_model_parallel_world_size() > 1:
-            raise self._tp_refusal()
         return CheckpointInt4Method(self.fmt, self.group, self.path, self.zero_offset)
 
 

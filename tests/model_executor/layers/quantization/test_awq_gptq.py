@@ -167,9 +167,8 @@ def test_checkpoint_fields_without_a_loader_are_refused_by_name(fmt, field, valu
         cls.from_config({"bits": 4, "group_size": 128, field: value})
 
 
-def test_refusals_in_the_checkpoint_config_come_at_start_up_and_tp_is_refused(tmp_path, monkeypatch):
+def test_refusals_in_the_checkpoint_config_come_at_start_up_and_tp_is_refused(tmp_path):
     from fastdeploy.engine.arg_utils import EngineArgs
-    from fastdeploy.model_executor.layers.linear import ColumnParallelLinear
     from fastdeploy.model_executor.layers.quantization import awq_gptq
 
     q_dir, _ = build(tmp_path, "gptq")
@@ -187,9 +186,8 @@ def test_refusals_in_the_checkpoint_config_come_at_start_up_and_tp_is_refused(tm
     q_dir, _ = build(tmp_path / "tp", "gptq")
     with pytest.raises(ValueError, match=r"quantization='gptq' under tensor parallelism is not supported"):
         EngineArgs(model=q_dir, tensor_parallel_size=2).create_engine_config()
-    monkeypatch.setattr(awq_gptq, "get_tensor_model_parallel_world_size", lambda: 2)
     with pytest.raises(ValueError, match=r"quantization='awq' under tensor parallelism is not supported"):
-        awq_gptq.AWQConfig().get_quant_method(ColumnParallelLinear(64, 64), "model.layers.0.mlp.gate_up_proj")
+        awq_gptq.AWQConfig.check_tensor_parallel(2)
 
 
 def test_a_mismatched_or_unknown_method_is_refused(tmp_path):
