@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_utils.h"
@@ -63,10 +64,12 @@ struct Ops : Lanes16 {
     for (int i = 0; i < 16; ++i) r.v[i] = static_cast<float>(p[i]);
     return r;
   }
-  static void u4(const uint8_t* p, F& lo, F& hi) {
-    for (int i = 0; i < 16; ++i) {
-      lo.v[i] = static_cast<float>(p[i] & 15);
-      hi.v[i] = static_cast<float>(p[i] >> 4);
+  static void u4(const uint8_t* block, int i, F& lo, F& hi) {
+    for (int c = 0; c < 16; ++c) {
+      const uint8_t* w = block + 4 * c;  // words 2c, 2c + 1, little-endian
+      const unsigned even = w[0] | w[1] << 8, odd = w[2] | w[3] << 8;
+      lo.v[c] = static_cast<float>((even >> (4 * i)) & 15);
+      hi.v[c] = static_cast<float>((odd >> (4 * i)) & 15);
     }
   }
   static F mul(F a, const F& b) {
@@ -96,12 +99,14 @@ struct Ops : Lanes16 {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return {cvt8(raw, true), cvt8(_mm_srli_si128(raw, 8), true)};
   }
-  static void u4(const uint8_t* p, F& lo, F& hi) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m128i l = _mm_and_si128(raw, _mm_set1_epi8(15));
-    const __m128i h = _mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(15));
-    lo = {cvt8(l, false), cvt8(_mm_srli_si128(l, 8), false)};
-    hi = {cvt8(h, false), cvt8(_mm_srli_si128(h, 8), false)};
+  // Column c's 32-bit lane holds its even row's word and its odd row's: nibble i of each.
+  __attribute__((always_inline)) static void u4(const uint8_t* block, int i, F& lo, F& hi) {
+    const __m256i d0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block));
+    const __m256i d1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32));
+    const __m256i m = _mm256_set1_epi32(15);
+    const auto nib = [&](__m256i d, int sh) { return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(d, sh), m)); };
+    lo = {nib(d0, 4 * i), nib(d1, 4 * i)};
+    hi = {nib(d0, 16 + 4 * i), nib(d1, 16 + 4 * i)};
   }
   static F mul(const F& x, const F& y) { return {_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
 };
@@ -127,10 +132,13 @@ struct Ops {
   static F i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
-  static void u4(const uint8_t* p, F& lo, F& hi) {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    lo = _mm512_cvtepi32_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)));
-    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(b, 4));
+  // vpermps reads the low 4 bits of each lane: the nibble shifted down is its own index into a
+  // table of 0..15 as floats (no mask, no conversion).
+  __attribute__((always_inline)) static void u4(const uint8_t* block, int i, F& lo, F& hi) {
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i d = _mm512_loadu_si512(block);
+    lo = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 4 * i), table);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(d, 16 + 4 * i), table);
   }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
@@ -163,19 +171,21 @@ struct Int8Ops : OpsBf16 {
   }
 };
 
-// Pair j of an int4 panel is its byte row j: q[2j] in each low nibble, q[2j+1] in the high one.
-// Byte b widened to a 32-bit lane, b | b << 12 holds b in its low word and b >> 4 in its high one;
-// vpermw reads the low 5 bits of each word, so a table of the bf16 of 0..15, twice, maps both.
+// Pair i of an int4 block (kInt4BlockPairs pairs in 64 bytes) is nibble i of its 32 words, which
+// are already the register layout: word 2c + h is column c's row 2i + h. Shifted right by 4i, the
+// low 5 bits of each word are that nibble and one bit above it, which vpermw maps through a table of
+// the bf16 of 0..15, twice: a pair costs one shift and one lookup (widening the bytes of a 16-byte
+// pair to 32-bit lanes first cost ~12% of a one-row GEMM's rate).
 struct Int4Ops : OpsBf16 {
-  static constexpr int64_t kPairBytes = kIntPanel;
+  static constexpr int64_t kPairBytes = kIntPanel;  // per pair, in blocks of kPairsPerBlock pairs
+  static constexpr int64_t kPairsPerBlock = kInt4BlockPairs;
   static constexpr uint16_t kBf16[32] = {0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
                                          0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
                                          0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
                                          0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
   __m512i table = _mm512_loadu_si512(kBf16);
-  W decode(const uint8_t* p) const {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    return {_mm512_permutexvar_epi16(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), table)};
+  __attribute__((always_inline)) W decode(const uint8_t* block, int i) const {
+    return {_mm512_permutexvar_epi16(_mm512_srli_epi16(_mm512_loadu_si512(block), 4 * i), table)};
   }
 };
 
@@ -216,7 +226,7 @@ bool int_isa_supported(int isa) {
 
 int64_t int_packed_bytes(int bits, int64_t k, int64_t n) {
   const int64_t panels = (n + kIntPanel - 1) / kIntPanel;
-  return bits == 8 ? panels * (k + (k & 1)) * kIntPanel : panels * (k / 2) * kIntPanel;
+  return bits == 8 ? panels * (k + (k & 1)) * kIntPanel : panels * int4_panel_bytes(k);
 }
 
 namespace {

@@ -5,7 +5,7 @@
 //   int8: [ceil(N/16)][Kp][16] int8, one panel of 16 output columns, zero past N and in the row
 //         that rounds K up to an even Kp (int_gemm.cc's bf16 path reads the rows in pairs);
 //         scales [ceil(N/16)][16]: out = scale * sum_k x[k] * q[k].
-//   int4: [ceil(N/16)][K/2][16] uint8, q[2p] in the low nibble, q[2p+1] in the high one (0..15);
+//   int4: [ceil(N/16)][ceil(K/8)][64] bytes, kernels.h's blocks of kInt4BlockPairs k pairs (0..15);
 //         scales and mins [ceil(N/16)][G][16] for G = ceil(K / group) groups:
 //         out = sum_g scale[g] * sum_{k in g} x[k] * q[k]  +  min[g] * sum_{k in g} x[k],
 //         so w = scale * q + min (min = -scale * zero for a zero point).
@@ -13,7 +13,7 @@
 // computes it, so a row's result never depends on the rest of the batch or the thread count.
 
 // Each path's `Ops` (defined before the include) gives F, 16 fp32 lanes, and:
-//   i8(p) / u4(p, lo, hi): 16 int8 weights, or the low and high nibbles of 16 bytes, as F;
+//   i8(p) / u4(block, i, lo, hi): 16 int8 weights, or rows 2i and 2i + 1 of an int4 block, as F;
 //   splat(s), fma(a, b, c) = a * b + c (one rounding), mul, store(F, float*), load(const float*);
 //   kChains: how many accumulators a tile of few rows keeps in flight (rows x panels).
 using F = Ops::F;
@@ -82,10 +82,13 @@ void tile_int4(const float* x, int64_t k, const float* xsum, int64_t groups, int
 #pragma GCC unroll 4
       for (int j = 0; j < P; ++j) part[r][j] = Ops::zero();
     }
-    for (int64_t p = p0; p < p1; ++p) {
+    // Pair p: rows 2p, 2p + 1, nibble i of block b (p = 4b + i); whole blocks unrolled, so that
+    // each pair's shift is a constant.
+    const auto pair = [&](int64_t p, int i) __attribute__((always_inline)) {
+      const uint8_t* block = panel + p / kInt4BlockPairs * (kInt4BlockPairs * kPanel);
       F lo[P], hi[P];
 #pragma GCC unroll 4
-      for (int j = 0; j < P; ++j) Ops::u4(panel + j * panel_stride + p * kPanel, lo[j], hi[j]);
+      for (int j = 0; j < P; ++j) Ops::u4(block + j * panel_stride, i, lo[j], hi[j]);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const F x0 = Ops::splat(x[r * k + 2 * p]), x1 = Ops::splat(x[r * k + 2 * p + 1]);
@@ -95,7 +98,13 @@ void tile_int4(const float* x, int64_t k, const float* xsum, int64_t groups, int
           part[r][j] = Ops::fma(x1, hi[j], part[r][j]);
         }
       }
+    };
+    int64_t p = p0;
+    for (; p % kInt4BlockPairs == 0 && p + kInt4BlockPairs <= p1; p += kInt4BlockPairs) {
+#pragma GCC unroll 4
+      for (int i = 0; i < kInt4BlockPairs; ++i) pair(p + i, i);
     }
+    for (; p < p1; ++p) pair(p, static_cast<int>(p % kInt4BlockPairs));
 #pragma GCC unroll 4
     for (int j = 0; j < P; ++j) {
       const F s = Ops::load(scale + j * scale_stride + g * kPanel), mn = Ops::load(mins + j * scale_stride + g * kPanel);
@@ -130,7 +139,7 @@ void tile_panels(int count, const IntGemmArgs& a, int64_t r0, int64_t panel) {
   } else {
     const int64_t scale_stride = a.groups * kPanel;
     tile_int4<R, P>(a.x + r0 * a.k, a.k, a.xsum + r0 * a.groups, a.groups, a.group,
-                    a.w + panel * (a.k / 2) * kPanel, (a.k / 2) * kPanel, a.scales + panel * scale_stride,
+                    a.w + panel * int4_panel_bytes(a.k), int4_panel_bytes(a.k), a.scales + panel * scale_stride,
                     a.mins + panel * scale_stride, scale_stride, bias, a.n - c0, out, a.n);
   }
 }

@@ -58,6 +58,12 @@ void fused_moe(const float* x, int64_t num_tokens, int64_t hidden, const int64_t
 // on the AVX512-BF16 and AMX paths).
 enum IntIsa : int { kIntScalar = 0, kIntAvx2 = 1, kIntAvx512 = 2, kIntAvx512Bf16 = 3, kIntAmxBf16 = 4 };
 constexpr int64_t kIntPanel = 16;
+// An int4 panel is 64-byte blocks of four k pairs (16-bit word 2c + h of a block holds column c's rows
+// 2i + h of its pairs i = 0..3 in nibble i; fastdeploy/.../int_kernels.py's pack_int4), zeros past K.
+constexpr int64_t kInt4BlockPairs = 4;
+inline int64_t int4_panel_bytes(int64_t k) {
+  return (k / 2 + kInt4BlockPairs - 1) / kInt4BlockPairs * kInt4BlockPairs * kIntPanel;
+}
 int64_t int_packed_bytes(int bits, int64_t k, int64_t n);
 // A linear layer's integer weight in one buffer: the panels, then the fp32 scales, then (int4) the
 // mins (int_kernels.py's linear_buffer); int_linear_bytes is its size (0 for bits other than 8 / 4,

@@ -50,16 +50,17 @@ inline void configure(int rows) {
 
 // Pairs [j0, j0 + 16) of `panel` decoded into dst (zeros past K).
 inline void decode_block(const Ops& ops, const Args& a, int64_t panel, int64_t j0, W* dst) {
-  const uint8_t* wp = a.w + (panel * a.kh + j0) * kPairBytes;
+  const uint8_t* wp = a.w + panel * panel_bytes(a.kh);
   if (j0 + kBlockPairs <= a.kh) {  // a whole block: no test per pair
-    for (int64_t line = 0; line < kBlockPairs * kPairBytes; line += 64) __builtin_prefetch(wp + line + kPrefetchBytes, 0, 2);
+    for (int64_t line = 0; line < kBlockPairs * kPairBytes; line += 64)
+      __builtin_prefetch(wp + j0 * kPairBytes + line + kPrefetchBytes, 0, 2);
 #pragma GCC unroll 16
-    for (int64_t i = 0; i < kBlockPairs; ++i) dst[i] = ops.decode(wp + i * kPairBytes);
+    for (int64_t i = 0; i < kBlockPairs; ++i) dst[i] = decode_pair(ops, wp, j0 + i);
     return;
   }
   for (int64_t i = 0; i < kBlockPairs; ++i) {
     if (j0 + i < a.kh) {
-      dst[i] = ops.decode(wp + i * kPairBytes);
+      dst[i] = decode_pair(ops, wp, j0 + i);
     } else {
       dst[i].v = _mm512_setzero_si512();
     }

@@ -57,14 +57,17 @@ def weights(bits, k=K, n=N, group=128):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("bits", [8, 4])
 def test_matches_dequantized_weights_times_the_activations(bits, path):
-    for k in (K, K - 1) if bits == 8 else (K,):  # an odd K: the int8 panel's zero row pairs the last one
-        packed, wd = weights(bits, k)
+    # int8: an odd K (the panel's zero row pairs the last one). int4: K = 318 ends in a part-filled block
+    # of 8 rows; groups of 6 rows start mid-block (the paths' whole-block loops must hand over to pairs).
+    for k, group in ((K, 128), (K - 1, 128)) if bits == 8 else ((K, 128), (K - 2, 128), (K - 2, 6)):
+        packed, wd = weights(bits, k, group=group)
         bias = rng.standard_normal(N).astype(np.float32)
         for m in ROWS:
             x = rng.standard_normal((m, k)).astype(np.float32)
-            got = int_linear(x, packed, bits, path, bias)
+            got = int_linear(x, packed, bits, path, bias, group=group)
             want = activations(x, path) @ wd + bias
-            np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max(), err_msg=f"K={k} M={m}")
+            np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max(),
+                                       err_msg=f"K={k} group={group} M={m}")
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -99,7 +102,7 @@ def test_each_column_is_independent_of_the_panels_beside_it(bits, path):
 
 
 def test_the_paths_agree_and_pack_unpack_round_trips():
-    for bits, k in ((8, K), (8, K - 1), (4, K)):
+    for bits, k in ((8, K), (8, K - 1), (4, K), (4, K - 2)):
         packed, wd = weights(bits, k)
         # bf16-exact activations: every path then multiplies the same numbers.
         x = bf16_round(rng.standard_normal((6, k)).astype(np.float32))
@@ -136,7 +139,7 @@ def test_the_range_search_keeps_each_groups_least_squared_error():
 def test_bad_operands_are_refused():
     packed, _ = weights(4)
     x = rng.standard_normal((2, K)).astype(np.float32)
-    with pytest.raises(Exception, match="packed does not match"):
-        int_linear(x[:, :-2], packed, 4, "scalar")
+    with pytest.raises(Exception, match="packed does not match"):  # one block of 8 rows of K fewer
+        int_linear(x[:, :-8], packed, 4, "scalar")
     with pytest.raises(Exception, match="packed does not match"):  # int4's panels and scales without the mins
         ops.int_linear(paddle.to_tensor(x), paddle.to_tensor(linear_buffer(packed[:2])), None, N, 4, 128, 0)

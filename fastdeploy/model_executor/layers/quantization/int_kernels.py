@@ -2,9 +2,11 @@
 
 A weight is ``[K, N]`` (our ``[in, out]``). The kernel reads 16 output columns at a time:
 int8 as ``[ceil(N/16), Kp, 16]`` (``Kp``: K rounded up to even with a zero row; the bf16 path reads
-rows in pairs), int4 as ``[ceil(N/16), K/2, 16]`` bytes (``q[2p]`` in the low
-nibble, ``q[2p+1]`` in the high one), scales and mins ``[ceil(N/16), G, 16]`` fp32 for
-``G = ceil(K / group)`` groups (the last one may be part-filled). An int4 weight is
+rows in pairs), int4 as ``[ceil(N/16), ceil(K/8), 32]`` little-endian uint16 words: block ``b`` of a
+panel holds K rows ``8b .. 8b+7``, word ``2c + h`` of it column ``c``'s rows ``8b + 2i + h`` in its
+nibble ``i`` (``i`` = 0..3, zeros past K), so one shift and one table lookup of the 64-byte block give
+a k pair of all 16 columns in the register layout of the bf16 dot products; scales and mins
+``[ceil(N/16), G, 16]`` fp32 for ``G = ceil(K / group)`` groups (the last one may be part-filled). An int4 weight is
 ``scale * (q - zero)`` with ``q`` in 0..15; the kernel takes ``min = -scale * zero``.
 """
 
@@ -20,6 +22,8 @@ from fastdeploy.logger import init_logger
 logger = init_logger(__name__)
 
 PANEL = 16
+# K rows per 64-byte block of an int4 panel (four k pairs of 16 columns: int_gemm.cc's Int4Ops).
+INT4_BLOCK_ROWS = 8
 # The kernel path names (OpBackend.int_gemm) of int_gemm.cc -> the op's isa argument.
 KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2, "avx512-bf16": 3, "amx-bf16": 4}
 # The bf16 dot-product paths (int_gemm.cc, fp8_gemm.cc: AVX512-BF16 registers, AMX tiles), which
@@ -148,15 +152,27 @@ def pack_int8(q: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return _panels(q).view(np.uint8).reshape(-1), _panels(scales[None, :].astype(np.float32)).reshape(-1)
 
 
+def int4_qweight_bytes(k: int, n: int) -> int:
+    """Bytes of :func:`pack_int4`'s ``qweight`` for a ``[k, n]`` weight (int_gemm.cc's int_packed_bytes)."""
+    return -(-n // PANEL) * -(-k // INT4_BLOCK_ROWS) * INT4_BLOCK_ROWS * PANEL // 2
+
+
 def pack_int4(weight: Int4Weight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The kernel's ``(qweight uint8, scales, mins)`` of ``weight``."""
     q = weight.q
     if q.shape[0] % 2 or weight.group % 2:
         raise ValueError(f"4-bit weights need an even K and group size, got K={q.shape[0]}, group={weight.group}.")
-    pairs = (q[0::2] & 15) | ((q[1::2] & 15) << 4)
+    k, n = q.shape
+    p, blocks = -(-n // PANEL), -(-k // INT4_BLOCK_ROWS)
+    padded = np.zeros((blocks * INT4_BLOCK_ROWS, p * PANEL), dtype=np.uint16)
+    padded[:k, :n] = q & 15
+    # rows 8b + 2i + h -> [block, i, h, panel, column]; nibble i of word (column, h)
+    rows = padded.reshape(blocks, INT4_BLOCK_ROWS // 2, 2, p, PANEL)
+    words = np.bitwise_or.reduce(rows << (4 * np.arange(INT4_BLOCK_ROWS // 2, dtype=np.uint16))[:, None, None, None],
+                                 axis=1)
+    qweight = np.ascontiguousarray(words.transpose(2, 0, 3, 1)).astype("<u2").view(np.uint8).reshape(-1)
     mins = -weight.scales * weight.zeros
-    return (_panels(pairs.astype(np.uint8)).reshape(-1), _panels(weight.scales.astype(np.float32)).reshape(-1),
-            _panels(mins.astype(np.float32)).reshape(-1))
+    return qweight, _panels(weight.scales.astype(np.float32)).reshape(-1), _panels(mins.astype(np.float32)).reshape(-1)
 
 
 def linear_buffer(parts: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -168,7 +184,7 @@ def linear_buffer(parts: tuple[np.ndarray, ...]) -> np.ndarray:
 def split_linear_buffer(buffer: np.ndarray, bits: int, k: int, n: int, group: int) -> tuple[np.ndarray, ...]:
     """:func:`linear_buffer`'s parts back: ``(qweight, scales)`` for int8, ``(qweight, scales, mins)`` for int4."""
     p = -(-n // PANEL)
-    qbytes = p * (k + k % 2) * PANEL if bits == 8 else p * (k // 2) * PANEL
+    qbytes = p * (k + k % 2) * PANEL if bits == 8 else int4_qweight_bytes(k, n)
     floats = p * (-(-k // group) if bits == 4 else 1) * PANEL
     scales = buffer[qbytes:qbytes + 4 * floats].view(np.float32)
     if bits == 8:
@@ -185,10 +201,10 @@ def unpack_int8(qweight: np.ndarray, scales: np.ndarray, k: int, n: int) -> np.n
 
 def unpack_int4(qweight: np.ndarray, scales: np.ndarray, mins: np.ndarray, k: int, n: int, group: int) -> np.ndarray:
     """The fp32 ``[K, N]`` weight of :func:`pack_int4`'s output."""
-    p, groups = -(-n // PANEL), -(-k // group)
-    pairs = qweight.reshape(p, k // 2, PANEL).transpose(1, 0, 2).reshape(k // 2, p * PANEL)[:, :n]
-    q = np.empty((k, n), dtype=np.float32)
-    q[0::2], q[1::2] = pairs & 15, pairs >> 4
+    p, groups, blocks = -(-n // PANEL), -(-k // group), -(-k // INT4_BLOCK_ROWS)
+    words = np.ascontiguousarray(qweight).view("<u2").reshape(p, blocks, PANEL, 2)
+    nibbles = (words[..., None] >> (4 * np.arange(INT4_BLOCK_ROWS // 2, dtype=np.uint16))) & 15  # [p, b, c, h, i]
+    q = nibbles.transpose(1, 4, 3, 0, 2).reshape(blocks * INT4_BLOCK_ROWS, p * PANEL)[:k, :n].astype(np.float32)
     s = scales.reshape(p, groups, PANEL).transpose(1, 0, 2).reshape(groups, p * PANEL)[:, :n]
     m = mins.reshape(p, groups, PANEL).transpose(1, 0, 2).reshape(groups, p * PANEL)[:, :n]
     g = np.arange(k) // group
