@@ -375,8 +375,10 @@ def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_laye
              for _ in range(num_layers)]
     xs = {batch: paddle.to_tensor(rng.standard_normal((batch, h)).astype(np.float32)) for batch in (1, 16)}
 
+    routing_kernel = get_op_backend().uses_kernel("moe_routing")  # as FusedMoE routes
+
     def route(x: paddle.Tensor, gate: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
-        return select_experts(ops.linear(x, gate, None, experts, "float32"), top_k, True)
+        return select_experts(ops.linear(x, gate, None, experts, "float32"), top_k, True, use_kernel=routing_kernel)
 
     row: dict = {"hidden": h, "experts": experts, "top_k": top_k, "moe_intermediate": inter,
                  "shared_intermediate": shared, "dense_intermediate": dense_inter, "layers": num_layers}

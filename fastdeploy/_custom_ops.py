@@ -55,6 +55,18 @@ def fused_moe(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights: paddle.Te
     return _run("fd_fused_moe", x, topk_ids, topk_weights, w13, w2, inter, dtype)[0]
 
 
+def select_experts(router_logits: paddle.Tensor, e_score_correction_bias: paddle.Tensor | None, top_k: int,
+                   renormalize: bool, scoring_func: str, num_expert_group: int, topk_group: int,
+                   routed_scaling_factor: float, renormalize_min: float) -> tuple[paddle.Tensor, paddle.Tensor]:
+    """MoE routing of ``router_logits [T, E]`` fp32 (``e_score_correction_bias [E]`` fp32 or None) ->
+    ``(topk_weights [T, K] fp32, topk_ids [T, K] int64)`` (csrc/cpu/moe_routing.cc; the variants and
+    arguments of :func:`fastdeploy.model_executor.layers.fused_moe.router.select_experts`, ``num_expert_group``
+    0 for none)."""
+    weights, ids = _run("fd_select_experts", router_logits, e_score_correction_bias, top_k, renormalize, scoring_func,
+                        num_expert_group, topk_group, float(routed_scaling_factor), float(renormalize_min))
+    return weights, ids
+
+
 def int_fused_moe(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights: paddle.Tensor, w13: paddle.Tensor,
                   w13_scales: paddle.Tensor, w13_mins: paddle.Tensor | None, w2: paddle.Tensor,
                   w2_scales: paddle.Tensor, w2_mins: paddle.Tensor | None, inter: int, bits: int, group: int,

@@ -328,6 +328,7 @@ class CpuPlatform(Platform):
                 attn_backend_cls=attn_backend_cls,
                 # Its expert weights are packed by fd_linear_pack: only with the linear kernel.
                 fused_moe="csrc" if {"fd_fused_moe", "fd_linear"} <= built else "paddle",
+                moe_routing="csrc" if "fd_select_experts" in built else "paddle",
                 decoder_layer="fd_decoder_layers" in built,
                 isa=cpu_isa() if built else "",
                 gguf=gguf_kernel_path() if {"fd_gguf_linear", "fd_gguf_embedding"} <= built else "paddle",

@@ -47,6 +47,9 @@ class OpBackend:
     attn_backend_cls: str = PADDLE_ATTN_BACKEND
     # Mixture-of-experts layers: "csrc" (fd_fused_moe on packed expert weights) or "paddle" (a matmul per expert).
     fused_moe: str = "paddle"
+    # MoE routing (softmax / sigmoid top-k, correction bias, expert groups): "csrc" (fd_select_experts, one op
+    # per layer and step) or "paddle" (router.py's Paddle ops).
+    moe_routing: str = "paddle"
     # Whether whole Llama-style decoder layers run in one kernel (fd_decoder_layers) once their weights are packed.
     decoder_layer: bool = False
     # The instruction set the kernels were built for, for logs ("AVX512-BF16", "AVX2", ...).

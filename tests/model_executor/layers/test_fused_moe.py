@@ -1,5 +1,7 @@
 """FusedMoE: routing variants, expert weight loading, and the forward against a per-token numpy reference."""
 
+from functools import partial
+
 import numpy as np
 import paddle
 import pytest
@@ -18,6 +20,10 @@ from fastdeploy.platforms.interface import OpBackend
 
 E, K, H, INTER = 8, 2, 24, 16
 rng = np.random.default_rng(0)
+
+
+# select_experts' two implementations: the Paddle ops, and fd_select_experts where the kernels are built.
+ROUTING = [False] + ([True] if current_platform.get_op_backend().uses_kernel("moe_routing") else [])
 
 
 def _softmax(x):
@@ -64,37 +70,43 @@ def test_checkpoint_names_map_to_stacked_shards():
     assert expert_params_mapping("model.layers.0.mlp.gate.weight") is None
 
 
-def test_softmax_top_k_with_and_without_renormalizing():
+@pytest.mark.parametrize("use_kernel", ROUTING)
+def test_softmax_top_k_with_and_without_renormalizing(use_kernel):
+    route = partial(select_experts, use_kernel=use_kernel)
     logits = rng.standard_normal((5, E)).astype(np.float32)
     probs = _softmax(logits.astype(np.float64))
     want_ids = np.argsort(-probs, axis=-1)[:, :K]
     want = np.take_along_axis(probs, want_ids, -1)
     for renorm in (False, True):
-        w, ids = select_experts(paddle.to_tensor(logits), K, renorm)
+        w, ids = route(paddle.to_tensor(logits), K, renorm)
         assert ids.dtype == paddle.int64
         np.testing.assert_array_equal(ids.numpy(), want_ids)
         expected = want / want.sum(-1, keepdims=True) if renorm else want
         np.testing.assert_allclose(w.numpy(), expected, rtol=1e-5)
 
 
-def test_correction_bias_chooses_but_does_not_weigh():
+@pytest.mark.parametrize("use_kernel", ROUTING)
+def test_correction_bias_chooses_but_does_not_weigh(use_kernel):
     """ERNIE 4.5: top-k of (probs + bias), weights = the unbiased probs renormalized (floored at norm_min)."""
+    route = partial(select_experts, use_kernel=use_kernel)
     logits = rng.standard_normal((6, E)).astype(np.float32)
     bias = np.zeros(E, np.float32)
     bias[[5, 6]] = 1.0  # larger than any probability gap: experts 5 and 6 always win
-    w, ids = select_experts(paddle.to_tensor(logits), K, True, e_score_correction_bias=paddle.to_tensor(bias[None]),
-                            renormalize_min=1e-12)
+    w, ids = route(paddle.to_tensor(logits), K, True, e_score_correction_bias=paddle.to_tensor(bias[None]),
+                   renormalize_min=1e-12)
     assert (np.sort(ids.numpy(), -1) == [5, 6]).all()
     probs = _softmax(logits.astype(np.float64))
     chosen = np.take_along_axis(probs, ids.numpy(), -1)
     np.testing.assert_allclose(w.numpy(), chosen / chosen.sum(-1, keepdims=True), rtol=1e-5)
 
 
-def test_grouped_sigmoid_routing_keeps_to_the_best_groups():
+@pytest.mark.parametrize("use_kernel", ROUTING)
+def test_grouped_sigmoid_routing_keeps_to_the_best_groups(use_kernel):
     """DeepSeek-V3's variant: sigmoid scores, groups scored by their two best biased experts, scaling factor."""
+    route = partial(select_experts, use_kernel=use_kernel)
     logits = rng.standard_normal((7, E)).astype(np.float32)
     bias = (rng.standard_normal(E) * 0.1).astype(np.float32)
-    w, ids = select_experts(paddle.to_tensor(logits), K, True, scoring_func="sigmoid",
+    w, ids = route(paddle.to_tensor(logits), K, True, scoring_func="sigmoid",
                             e_score_correction_bias=paddle.to_tensor(bias), num_expert_group=4, topk_group=2,
                             routed_scaling_factor=2.5)
     scores = 1 / (1 + np.exp(-logits.astype(np.float64)))
@@ -110,16 +122,57 @@ def test_grouped_sigmoid_routing_keeps_to_the_best_groups():
         np.testing.assert_allclose(w.numpy()[t], 2.5 * chosen / chosen.sum(), rtol=1e-5)
 
 
-def test_routing_refuses_bad_arguments():
+@pytest.mark.parametrize("use_kernel", ROUTING)
+def test_routing_refuses_bad_arguments(use_kernel):
+    route = partial(select_experts, use_kernel=use_kernel)
     logits = paddle.zeros([2, E])
     with pytest.raises(ValueError, match="top_k"):
-        select_experts(logits, E + 1, True)
+        route(logits, E + 1, True)
     with pytest.raises(ValueError, match="scoring_func"):
-        select_experts(logits, K, True, scoring_func="relu")
+        route(logits, K, True, scoring_func="relu")
     with pytest.raises(ValueError, match="num_expert_group"):
-        select_experts(logits, K, True, num_expert_group=3, topk_group=1)
+        route(logits, K, True, num_expert_group=3, topk_group=1)
     with pytest.raises(ValueError, match="both"):
-        select_experts(logits, K, True, num_expert_group=2)
+        route(logits, K, True, num_expert_group=2)
+    with pytest.raises(ValueError, match="kept groups"):  # 1 group of 2 experts cannot give 3
+        route(paddle.zeros([2, E]), 3, True, num_expert_group=4, topk_group=1)
+
+
+@pytest.mark.skipif(True not in ROUTING, reason="fd_select_experts is not built here")
+@pytest.mark.parametrize("variant", [
+    dict(),
+    dict(renormalize=False),
+    dict(e_score_correction_bias=True, renormalize_min=1e-12),
+    dict(scoring_func="sigmoid", e_score_correction_bias=True, num_expert_group=8, topk_group=4,
+         routed_scaling_factor=2.5),
+    dict(scoring_func="softmax", num_expert_group=4, topk_group=2, renormalize=False, routed_scaling_factor=16.0),
+])
+def test_the_kernel_routes_as_the_paddle_ops(variant):
+    """fd_select_experts against router.py's Paddle ops: 64 experts, top-6, 0 / 1 / 33 tokens, fp32 and bf16
+    logits (distinct multiples of 1/32, exact in bf16: paddle.topk orders equal values in no fixed way)."""
+    e, k = 64, 6
+    logits = np.stack([rng.permutation(e) / 32 - 1 for _ in range(33)]).astype(np.float32)
+    kwargs = {"renormalize": True} | variant
+    if kwargs.pop("e_score_correction_bias", False):
+        kwargs["e_score_correction_bias"] = paddle.to_tensor((rng.standard_normal((1, e)) * 0.05).astype(np.float32))
+    for rows in (0, 1, 33):
+        for dtype in ("float32", "bfloat16"):
+            x = paddle.to_tensor(logits[:rows]).astype(dtype)
+            want_w, want_ids = select_experts(x, k, **kwargs)
+            got_w, got_ids = select_experts(x, k, use_kernel=True, **kwargs)
+            assert got_ids.dtype == paddle.int64 and got_w.dtype == paddle.float32
+            np.testing.assert_array_equal(got_ids.numpy(), want_ids.numpy(), err_msg=f"{rows} rows {dtype}")
+            np.testing.assert_allclose(got_w.numpy(), want_w.numpy(), rtol=2e-6, atol=1e-7)
+
+
+def test_the_kernel_breaks_ties_by_the_lower_expert_id():
+    if True not in ROUTING:
+        pytest.skip("fd_select_experts is not built here")
+    logits = np.zeros((2, E), np.float32)
+    logits[1, [2, 5, 6]] = 1.0  # 2, 5, 6 tie above the rest
+    weights, ids = select_experts(paddle.to_tensor(logits), 3, False, use_kernel=True)
+    np.testing.assert_array_equal(ids.numpy(), [[0, 1, 2], [2, 5, 6]])
+    np.testing.assert_allclose(weights.numpy()[0], 1 / E, rtol=1e-6)
 
 
 def _routing_logits(choices):

@@ -223,6 +223,7 @@ class FusedMoE(nn.Layer):
             renormalize=renormalize, scoring_func=scoring_func, num_expert_group=num_expert_group,
             topk_group=topk_group, routed_scaling_factor=routed_scaling_factor, renormalize_min=renormalize_min,
         )  # fmt: skip
+        self.routing_kernel = get_op_backend().uses_kernel("moe_routing")
         # A plain attribute: the parameter belongs to (and is loaded through) the model's own module.
         object.__setattr__(self, "e_score_correction_bias", e_score_correction_bias)
         method = quant_config.get_quant_method(self, prefix) if quant_config is not None else None
@@ -241,7 +242,7 @@ class FusedMoE(nn.Layer):
     def select_experts(self, router_logits: paddle.Tensor) -> tuple[paddle.Tensor, paddle.Tensor]:
         """``(topk_weights [T, K] float32, topk_ids [T, K] int64)`` of the router's logits."""
         return select_experts(router_logits, self.top_k, e_score_correction_bias=self.e_score_correction_bias,
-                              **self.routing)
+                              use_kernel=self.routing_kernel, **self.routing)
 
     def forward(self, hidden_states: paddle.Tensor, router_logits: paddle.Tensor) -> paddle.Tensor:
         topk_weights, topk_ids = self.select_experts(router_logits)
