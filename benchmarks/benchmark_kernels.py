@@ -322,7 +322,7 @@ class _MoeFormat:
 
         from fastdeploy import _custom_ops as ops
         from fastdeploy.model_executor.layers.quantization.gguf import pack_blocks, random_blocks
-        from fastdeploy.model_executor.layers.quantization.int_kernels import linear_buffer
+        from fastdeploy.model_executor.layers.quantization.int_kernels import int4_qweight_bytes, linear_buffer
 
         if self.fmt == "bf16":
             return ops.linear_pack(paddle.to_tensor((self.rng.standard_normal((k, n)) * 0.02).astype(np.float32)),
@@ -331,7 +331,7 @@ class _MoeFormat:
             return pack_blocks(random_blocks(12, n, k, self.rng), 12, n, k)
         panels, groups = -(-n // 16), -(-k // 128)
         scales = (self.rng.uniform(0.5, 1.5, panels * groups * 16) * 2e-3).astype(np.float32)
-        parts = (self.rng.integers(0, 256, panels * (k // 2) * 16, dtype=np.uint8), scales, -8 * scales)
+        parts = (self.rng.integers(0, 256, int4_qweight_bytes(k, n), dtype=np.uint8), scales, -8 * scales)
         return paddle.to_tensor(linear_buffer(parts)) if dense else tuple(paddle.to_tensor(a) for a in parts)
 
     def linear(self, x, w, n: int):

@@ -26,14 +26,18 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// a before b in the top-k order: NaN counts as the largest value, as paddle.topk takes it (a NaN
+// router output then shows in the weights instead of being routed around).
+inline bool above(float a, float b) { return (std::isnan(a) && !std::isnan(b)) || a > b; }
+
 // The indices of the k largest of v[0, n), descending (equal values: the lower index first), in one
 // pass: an insertion into the k best so far, which most values skip after one comparison.
 void top_k(const float* v, int64_t n, int64_t k, int64_t* idx, float* val) {
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (count == k && !(v[i] > val[k - 1])) continue;
+    if (count == k && !above(v[i], val[k - 1])) continue;
     int64_t pos = count < k ? count++ : k - 1;
-    for (; pos > 0 && v[i] > val[pos - 1]; --pos) {
+    for (; pos > 0 && above(v[i], val[pos - 1]); --pos) {
       val[pos] = val[pos - 1];
       idx[pos] = idx[pos - 1];
     }
@@ -49,10 +53,19 @@ struct Routing {
   const float* bias;
 };
 
-// One token: logits [E] -> ids [K], weights [K]. The vectors are scratch: E, E, G, max(G, K) and max(G, K).
-void route_token(const Routing& r, const float* logits, int64_t* ids, float* weights, std::vector<float>& scores,
-                 std::vector<float>& choice, std::vector<float>& group_scores, std::vector<int64_t>& best,
-                 std::vector<float>& best_val) {
+// Per-thread scratch of route_token.
+struct Scratch {
+  std::vector<float> scores, choice, masked, group_scores, best_val;
+  std::vector<int64_t> best;
+  Scratch(int64_t experts, int64_t groups, int64_t top_k)
+      : scores(experts), choice(experts), masked(experts), group_scores(groups), best_val(std::max(groups, top_k)),
+        best(std::max(groups, top_k)) {}
+};
+
+// One token: logits [E] -> ids [K], weights [K].
+void route_token(const Routing& r, const float* logits, int64_t* ids, float* weights, Scratch& s) {
+  std::vector<float>& scores = s.scores;
+  std::vector<float>& choice = s.choice;
   const int64_t e_count = r.experts;
   if (r.sigmoid) {
     for (int64_t e = 0; e < e_count; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
@@ -69,29 +82,24 @@ void route_token(const Routing& r, const float* logits, int64_t* ids, float* wei
     for (int64_t g = 0; g < r.groups; ++g) {
       const float* c = choice.data() + g * size;
       if (r.bias != nullptr && size > 1) {  // the sum of the group's two best
-        float a = kNegInf, b = kNegInf;
-        for (int64_t i = 0; i < size; ++i) {
-          if (c[i] > a) {
-            b = a;
-            a = c[i];
-          } else if (c[i] > b) {
-            b = c[i];
-          }
-        }
-        group_scores[g] = a + b;
+        int64_t two[2];
+        float top2[2];
+        top_k(c, size, 2, two, top2);
+        s.group_scores[g] = top2[0] + top2[1];
       } else {
-        group_scores[g] = *std::max_element(c, c + size);
+        int64_t one;
+        top_k(c, size, 1, &one, &s.group_scores[g]);
       }
     }
-    top_k(group_scores.data(), r.groups, r.topk_group, best.data(), best_val.data());
-    std::vector<float> masked(e_count, kNegInf);  // small: E floats, a grouped model's only
+    top_k(s.group_scores.data(), r.groups, r.topk_group, s.best.data(), s.best_val.data());
+    std::fill(s.masked.begin(), s.masked.end(), kNegInf);
     for (int64_t i = 0; i < r.topk_group; ++i) {
-      const int64_t g = best[i];
-      std::copy(choice.begin() + g * size, choice.begin() + (g + 1) * size, masked.begin() + g * size);
+      const int64_t g = s.best[i];
+      std::copy(choice.begin() + g * size, choice.begin() + (g + 1) * size, s.masked.begin() + g * size);
     }
-    choice.swap(masked);
+    choice.swap(s.masked);
   }
-  top_k(choice.data(), e_count, r.top_k, ids, best_val.data());
+  top_k(choice.data(), e_count, r.top_k, ids, s.best_val.data());
   float sum = 0.0f;
   for (int64_t k = 0; k < r.top_k; ++k) {
     weights[k] = scores[ids[k]];
@@ -133,6 +141,7 @@ std::vector<paddle::Tensor> SelectExperts(const paddle::Tensor& logits, const pa
   }
   auto weights = paddle::empty({tokens, top_k}, paddle::DataType::FLOAT32, logits.place());
   auto ids = paddle::empty({tokens, top_k}, paddle::DataType::INT64, logits.place());
+  if (tokens == 0) return {weights, ids};
   const Routing r{experts, top_k, groups, groups > 1 ? topk_group : 1, renormalize, scoring_func == "sigmoid",
                   routed_scaling_factor, renormalize_min, bias_data};
   const float* in = logits.data<float>();
@@ -140,11 +149,9 @@ std::vector<paddle::Tensor> SelectExperts(const paddle::Tensor& logits, const pa
   int64_t* id = ids.data<int64_t>();
 #pragma omp parallel if (tokens >= 64)
   {
-    std::vector<float> scores(experts), choice(experts), group_scores(groups), best_val(std::max(groups, top_k));
-    std::vector<int64_t> best(std::max(groups, top_k));
+    Scratch scratch(experts, groups, top_k);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < tokens; ++t)
-      route_token(r, in + t * experts, id + t * top_k, w + t * top_k, scores, choice, group_scores, best, best_val);
+    for (int64_t t = 0; t < tokens; ++t) route_token(r, in + t * experts, id + t * top_k, w + t * top_k, scratch);
   }
   return {weights, ids};
 }

@@ -84,7 +84,8 @@ class OpBackend:
         return path + (ATTN_PREFETCH_L2 if self.attention_prefetch == "l2" else 0)
 
     def uses_kernel(self, op: str) -> bool:
-        """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention", "fused_moe") runs our kernel."""
+        """Whether the layer family ``op`` ("linear", "rms_norm", "silu_and_mul", "attention", "fused_moe",
+        "moe_routing", ...) runs our kernel."""
         return getattr(self, op) != "paddle"
 
     def describe(self, dtype: str = "float32") -> str:
@@ -96,7 +97,8 @@ class OpBackend:
         layer = "fused" if self.decoder_layer else "per-op"
         attention = f"{self.attention} (L2 prefetch)" if self.attention_prefetch == "l2" else self.attention
         return (f"linear: {linear}{isa}, attention: {attention}, rms_norm: {norm}, "
-                f"silu_and_mul: {self.silu_and_mul}, fused_moe: {self.fused_moe}, decoder layer: {layer}, "
+                f"silu_and_mul: {self.silu_and_mul}, fused_moe: {self.fused_moe} (routing: {self.moe_routing}), "
+                f"decoder layer: {layer}, "
                 f"sampler: {self.sampler}, gguf: {self.gguf}, huge pages: {'on' if self.huge_pages else 'off'}")
 
 

@@ -60,6 +60,8 @@ def test_matches_dequantized_weights_times_the_activations(bits, path):
     # int8: an odd K (the panel's zero row pairs the last one). int4: K = 318 ends in a part-filled block
     # of 8 rows; groups of 6 rows start mid-block (the paths' whole-block loops must hand over to pairs).
     for k, group in ((K, 128), (K - 1, 128)) if bits == 8 else ((K, 128), (K - 2, 128), (K - 2, 6)):
+        if path == "amx-bf16" and group % 32:  # its tiles need groups of a multiple of 32 rows (path_for_dtype)
+            continue
         packed, wd = weights(bits, k, group=group)
         bias = rng.standard_normal(N).astype(np.float32)
         for m in ROWS:

@@ -113,13 +113,14 @@ def test_fd_cpu_kernels_picks_the_backend_and_the_log_names_it(kernels, checkpoi
 
 def test_describe_names_each_path():
     backend = OpBackend(linear="panel", rms_norm="csrc", silu_and_mul="csrc", attention="paged-avx2",
-                        decoder_layer=True, isa="AVX2", gguf="avx2", sampler="csrc")
+                        decoder_layer=True, isa="AVX2", gguf="avx2", sampler="csrc", moe_routing="csrc")
     assert backend.describe("bfloat16") == ("linear: panel-bf16 (AVX2), attention: paged-avx2, rms_norm: csrc, "
-                                            "silu_and_mul: csrc, fused_moe: paddle, decoder layer: fused, "
+                                            "silu_and_mul: csrc, fused_moe: paddle (routing: csrc), "
+                                            "decoder layer: fused, "
                                             "sampler: csrc, gguf: avx2, huge pages: off")
     assert OpBackend(paddle_fused_rms_norm=True, huge_pages=True).describe() == (
-        "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, fused_moe: paddle, "
-        "decoder layer: per-op, sampler: numpy, gguf: paddle, huge pages: on")
+        "linear: paddle-fp32, attention: paddle, rms_norm: paddle-fused, silu_and_mul: paddle, "
+        "fused_moe: paddle (routing: paddle), decoder layer: per-op, sampler: numpy, gguf: paddle, huge pages: on")
 
 
 def test_attention_prefetch_level_is_the_platforms_choice(monkeypatch):

@@ -173,6 +173,11 @@ def test_the_kernel_breaks_ties_by_the_lower_expert_id():
     weights, ids = select_experts(paddle.to_tensor(logits), 3, False, use_kernel=True)
     np.testing.assert_array_equal(ids.numpy(), [[0, 1, 2], [2, 5, 6]])
     np.testing.assert_allclose(weights.numpy()[0], 1 / E, rtol=1e-6)
+    # A NaN router output ranks first, as paddle.topk ranks it: it shows in the weights, never routed around.
+    logits[1, 7] = np.nan
+    for use_kernel in ROUTING:
+        weights, ids = select_experts(paddle.to_tensor(logits), 3, False, scoring_func="sigmoid", use_kernel=use_kernel)
+        assert ids.numpy()[1, 0] == 7 and np.isnan(weights.numpy()[1, 0]), use_kernel
 
 
 def _routing_logits(choices):
