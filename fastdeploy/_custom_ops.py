@@ -59,7 +59,7 @@ def select_experts(router_logits: paddle.Tensor, e_score_correction_bias: paddle
                    renormalize: bool, scoring_func: str, num_expert_group: int, topk_group: int,
                    routed_scaling_factor: float, renormalize_min: float) -> tuple[paddle.Tensor, paddle.Tensor]:
     """MoE routing of ``router_logits [T, E]`` fp32 (``e_score_correction_bias [E]`` fp32 or None) ->
-    ``(topk_weights [T, K] fp32, topk_ids [T, K] int64)`` (csrc/cpu/moe_routing.cc; the variants and
+    ``(topk_weights [T, K] fp32, topk_ids [T, K] int64)`` (csrc/cpu/moe_routing.cc; the bias ``[E]`` or ``[1, E]``; the variants and
     arguments of :func:`fastdeploy.model_executor.layers.fused_moe.router.select_experts`, ``num_expert_group``
     0 for none)."""
     weights, ids = _run("fd_select_experts", router_logits, e_score_correction_bias, top_k, renormalize, scoring_func,

@@ -116,7 +116,7 @@ void route_token(const Routing& r, const float* logits, int64_t* ids, float* wei
 
 }  // namespace
 
-// logits [T, E] fp32, bias [E] fp32 (optional) -> (weights [T, K] fp32, ids [T, K] int64).
+// logits [T, E] fp32, bias [E] or [1, E] fp32 (optional) -> (weights [T, K] fp32, ids [T, K] int64).
 std::vector<paddle::Tensor> SelectExperts(const paddle::Tensor& logits, const paddle::optional<paddle::Tensor>& bias,
                                           int64_t top_k, bool renormalize, const std::string& scoring_func,
                                           int64_t num_expert_group, int64_t topk_group, float routed_scaling_factor,

@@ -43,6 +43,7 @@ struct PairsPerBlock<O, std::void_t<decltype(O::kPairsPerBlock)>> {
   static constexpr int64_t value = O::kPairsPerBlock;
 };
 constexpr int64_t kPairsPerBlock = PairsPerBlock<Ops>::value;
+static_assert(kPairsPerBlock == 1 || kPairsPerBlock % 2 == 0, "tile() decodes a block two pairs at a time");
 constexpr int64_t kBlockBytes = kPairsPerBlock * kPairBytes;
 
 // Bytes of one panel of kh pairs (whole blocks).
@@ -98,26 +99,26 @@ void tile(const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* dec
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
       for (int q = 0; q < P; ++q) acc[r][q] = Ops::zero_acc();
-    int64_t j = j0;
-    if constexpr (kPairsPerBlock == 4 && P == 1) {
-      // Whole blocks, in registers, two pairs at a time as below (the same pairs in the same order),
-      // their block index and shifts known at compile time. Only one-panel tiles decode in registers
-      // (see panels()); in the two-panel tiles of the buffered path the loop cost ~10% at 16 rows.
-      for (; decoded == nullptr && j % 4 == 0 && j + 3 < j1; j += 4) {
-        const uint8_t* block = wp + j / 4 * kBlockBytes;
-        for (int q = 0; q < P; ++q) __builtin_prefetch(block + q * wstride + kPrefetchBytes, 0, 2);
-#pragma GCC unroll 2
-        for (int h = 0; h < 4; h += 2) {
-          W w0[P], w1[P];
-          for (int q = 0; q < P; ++q) {
-            w0[q] = decode_in_block(ops, block + q * wstride, h);
-            w1[q] = decode_in_block(ops, block + q * wstride, h + 1);
-          }
+    // Pairs j (even chain) and j + 1 (odd chain) of every panel into every row's sums.
+    const auto madd_pairs = [&](int64_t j, const W* w0, const W* w1) __attribute__((always_inline)) {
 #pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) {
-            for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j + h, w0[q], 0);
-            for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j + h + 1, w1[q], 1);
-          }
+      for (int r = 0; r < R; ++r) {
+        for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j, w0[q], 0);
+        for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j + 1, w1[q], 1);
+      }
+    };
+    int64_t j = j0;
+    if constexpr (kPairsPerBlock > 1 && P == 1) {
+      // Whole blocks decoded in registers, two pairs at a time as below (the same pairs in the same
+      // order), their index in the block known at compile time. Only one-panel tiles decode in
+      // registers (see panels()); in the two-panel tiles of the buffered path the loop cost ~10% at 16 rows.
+      for (; decoded == nullptr && j % kPairsPerBlock == 0 && j + kPairsPerBlock <= j1; j += kPairsPerBlock) {
+        const uint8_t* block = wp + j / kPairsPerBlock * kBlockBytes;
+        __builtin_prefetch(block + kPrefetchBytes, 0, 2);
+#pragma GCC unroll 4
+        for (int i = 0; i < kPairsPerBlock; i += 2) {
+          const W w0 = decode_in_block(ops, block, i), w1 = decode_in_block(ops, block, i + 1);
+          madd_pairs(j + i, &w0, &w1);
         }
       }
     }
@@ -135,11 +136,7 @@ void tile(const Ops& ops, const Args& a, int64_t r0, int64_t panel, const W* dec
           w1[q] = decode_pair(ops, wp + q * wstride, j + 1);
         }
       }
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j, w0[q], 0);
-        for (int q = 0; q < P; ++q) Ops::madd(acc[r][q], x + r * a.ldx, j + 1, w1[q], 1);
-      }
+      madd_pairs(j, w0, w1);
     }
     if (j < j1) {
       for (int q = 0; q < P; ++q) {

@@ -94,10 +94,10 @@ def select_experts(
             raise ValueError(f"top_k={top_k} is more than the {topk_group} kept groups of "
                              f"{num_experts // num_expert_group} experts hold.")
     if use_kernel:
-        bias = None
-        if e_score_correction_bias is not None:
-            bias = e_score_correction_bias.reshape([num_experts])
-            bias = bias if bias.dtype == paddle.float32 else bias.astype("float32")
+        # The op takes the [E] or [1, E] parameter as it is (one value per expert): no per-step reshape.
+        bias = e_score_correction_bias
+        if bias is not None and bias.dtype != paddle.float32:
+            bias = bias.astype("float32")
         logits = router_logits if router_logits.dtype == paddle.float32 else router_logits.astype("float32")
         return ops.select_experts(logits, bias, top_k, renormalize, scoring_func,
                                   num_expert_group if grouped else 0, topk_group if grouped else 0,
