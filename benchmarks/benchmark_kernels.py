@@ -286,7 +286,8 @@ def measure_moe(num_layers: int, reps: int, formats: tuple[str, ...] = MOE_FORMA
     """Child process: MoE layers at real shapes on dummy weights vs a dense SwiGLU of the same active size.
 
     An MoE layer is the fp32 router matmul, softmax top-k, the fused MoE op of the format (``fd_fused_moe``,
-    ``fd_int_fused_moe``, ``fd_gguf_fused_moe``) and the shared experts' SwiGLU; the dense layer has
+    ``fd_int_fused_moe``, ``fd_gguf_fused_moe``) and the shared experts' SwiGLU (inside the quantized ops, as
+    a served model runs them; after ``fd_fused_moe``); the dense layer has
     ``top_k * I (+ shared)`` intermediate columns, the parameters one token uses in the MoE layer, in the
     same format. Routing is random (uniform over experts: at batch 16 most experts are hit, the worst
     case for the weight reads). The two take turns rep by rep over ``num_layers`` layers; one format's
@@ -349,14 +350,26 @@ class _MoeFormat:
         mats = [self.matrix(k, n) for _ in range(count)]  # expert by expert: no fp32 copy of a whole layer
         return tuple(paddle.stack(parts) for parts in zip(*mats, strict=True)) if self.fmt == "wint4" else paddle.stack(mats)
 
-    def moe(self, x, ids, weights, w13, w2, h: int, inter: int):
+    def shared_experts(self, gate_up, down, h: int, inter: int):
+        """The shared experts' dense matrices as the quantized MoE ops run them (as a served block hands them
+        over, ``SparseMoeBlock.fuse_shared_experts``), or None for the format whose op does not (bf16)."""
+        from fastdeploy import _custom_ops as ops
+
+        if self.fmt == "bf16":
+            return None
+        if self.fmt == "q4_k":
+            return ops.SharedExperts(gate_up, down, inter, "gguf", [12, 2 * inter], [12, h], self.isa)
+        return ops.SharedExperts(gate_up, down, inter, "int", [4, 128, self.isa], [4, 128, self.isa])
+
+    def moe(self, x, ids, weights, w13, w2, h: int, inter: int, shared=None):
         from fastdeploy import _custom_ops as ops
 
         if self.fmt == "bf16":
             return ops.fused_moe(x, ids, weights, w13, w2, inter, "bfloat16")
         if self.fmt == "q4_k":
-            return ops.gguf_fused_moe(x, ids, weights, w13, w2, [12, 2 * inter], [12, h], self.isa)
-        return ops.int_fused_moe(x, ids, weights, w13[0], w13[1], w13[2], w2[0], w2[1], w2[2], inter, 4, 128, self.isa)
+            return ops.gguf_fused_moe(x, ids, weights, w13, w2, [12, 2 * inter], [12, h], self.isa, shared)
+        return ops.int_fused_moe(x, ids, weights, w13[0], w13[1], w13[2], w2[0], w2[1], w2[2], inter, 4, 128, self.isa,
+                                 shared)
 
 
 def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_layers: int, reps: int,
@@ -408,11 +421,14 @@ def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_laye
         moe_bytes = {batch: row[f"batch{batch}"]["experts_hit_per_layer"] * (_nbytes(w13) + _nbytes(w2)) / experts
                      + (_nbytes(shared_w) if shared_w else 0) for batch in xs}
 
-        def moe_step(x: paddle.Tensor, layers: list = layers, f: _MoeFormat = f, swiglu=swiglu) -> None:
-            for gate, w13, w2, shared_w in layers:
+        fused = [f.shared_experts(*shared_w, h, shared) if shared_w else None for _, _, _, shared_w in layers]
+
+        def moe_step(x: paddle.Tensor, layers: list = layers, fused: list = fused, f: _MoeFormat = f,
+                     swiglu=swiglu) -> None:
+            for (gate, w13, w2, shared_w), fused_shared in zip(layers, fused, strict=True):
                 weights, ids = route(x, gate)
-                out = f.moe(x, ids, weights, w13, w2, h, inter)
-                if shared_w is not None:
+                out = f.moe(x, ids, weights, w13, w2, h, inter, fused_shared)
+                if shared_w is not None and fused_shared is None:
                     out = out + swiglu(x, *shared_w, shared)
 
         def dense_step(x: paddle.Tensor, dense: list = dense, swiglu=swiglu) -> None:
@@ -440,7 +456,7 @@ def _moe_row(h: int, experts: int, top_k: int, inter: int, shared: int, num_laye
                 one = row["batch1"][fmt]
                 floor_ms = moe_bytes[batch] * num_layers / max(one["moe_gb_per_s"], one["dense_gb_per_s"]) / 1e6
                 row[f"batch{batch}"][fmt]["moe_floor_over_dense"] = round(floor_ms / dense_ms, 2)
-        del layers, dense, moe_step, dense_step  # free this format's weights before the next one's
+        del layers, fused, dense, moe_step, dense_step  # free this format's weights before the next one's
     return row
 
 

@@ -9,6 +9,8 @@ would pay ~300 times.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import paddle
 from paddle import _C_ops
@@ -67,29 +69,61 @@ def select_experts(router_logits: paddle.Tensor, e_score_correction_bias: paddle
     return weights, ids
 
 
+# The weight formats of the shared experts the quantized fused MoE ops run (weight_matmul.h's OwnMatmul).
+SHARED_EXPERT_DTYPES = ("int", "gguf", "fp8")
+
+
+class SharedExperts(NamedTuple):
+    """An MoE block's shared experts as :func:`int_fused_moe` / :func:`gguf_fused_moe` run them: a dense SwiGLU of
+    ``inter`` columns, gate|up ``[H, 2S]`` and down ``[S, H]`` in one format those ops multiply (``dtype`` "int",
+    "gguf" or "fp8", each weight with its segment values as the fused decoder layers take them)."""
+
+    w13: paddle.Tensor
+    w2: paddle.Tensor
+    inter: int
+    dtype: str
+    w13_segments: list[int]
+    w2_segments: list[int]
+    gguf_isa: int = 0
+
+
+def _shared_args(shared: SharedExperts | None, shared_weights: paddle.Tensor | None) -> tuple[tuple, tuple]:
+    """(inputs, attributes) of the fused MoE ops' shared experts; ``shared_weights``: one weight per token or None."""
+    if shared is None:
+        return (None, None, None), (0, "", [0], [0], 0)
+    return ((shared.w13, shared.w2, shared_weights),
+            (shared.inter, shared.dtype, shared.w13_segments, shared.w2_segments, shared.gguf_isa))
+
+
 def int_fused_moe(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights: paddle.Tensor, w13: paddle.Tensor,
                   w13_scales: paddle.Tensor, w13_mins: paddle.Tensor | None, w2: paddle.Tensor,
                   w2_scales: paddle.Tensor, w2_mins: paddle.Tensor | None, inter: int, bits: int, group: int,
-                  isa: int) -> paddle.Tensor:
+                  isa: int, shared: SharedExperts | None = None,
+                  shared_weights: paddle.Tensor | None = None) -> paddle.Tensor:
     """:func:`fused_moe` with wint8 / wint4 experts (csrc/cpu/moe_quant.cc, each expert's GEMM int_gemm.cc's).
 
     ``w13`` / ``w2`` ``[E, bytes]`` hold each expert's ``[H, 2I]`` / ``[I, H]`` integers in the panel
     layout of :func:`int_linear`, ``*_scales`` (and the 4-bit ``*_mins``) ``[E, n]`` theirs; ``bits``,
-    ``group`` and ``isa`` as :func:`int_linear`'s.
+    ``group`` and ``isa`` as :func:`int_linear`'s. ``shared``: the block's shared experts, added to every
+    token's output (times ``shared_weights [T]`` where given) inside the op.
     """
+    inputs, attrs = _shared_args(shared, shared_weights)
     return _run("fd_int_fused_moe", x, topk_ids, topk_weights, w13, w13_scales, w13_mins, w2, w2_scales, w2_mins,
-                inter, bits, group, isa)[0]
+                *inputs, inter, bits, group, isa, *attrs)[0]
 
 
 def gguf_fused_moe(x: paddle.Tensor, topk_ids: paddle.Tensor, topk_weights: paddle.Tensor, w13: paddle.Tensor,
-                   w2: paddle.Tensor, w13_segments: list[int], w2_segments: list[int], isa: int) -> paddle.Tensor:
+                   w2: paddle.Tensor, w13_segments: list[int], w2_segments: list[int], isa: int,
+                   shared: SharedExperts | None = None, shared_weights: paddle.Tensor | None = None) -> paddle.Tensor:
     """:func:`fused_moe` with GGUF block experts (csrc/cpu/moe_quant.cc, each expert's GEMM gguf_gemm.cc's).
 
     ``w13`` ``[E, bytes]``: each expert's gate then up rows (``[2I, H]``) packed by :func:`gguf_pack`
     with their ``(ggml type, rows)`` ``w13_segments``; ``w2`` likewise its down rows ``[H, I]``;
-    ``isa`` as :func:`gguf_linear`'s.
+    ``isa`` as :func:`gguf_linear`'s; ``shared`` / ``shared_weights`` as :func:`int_fused_moe`'s.
     """
-    return _run("fd_gguf_fused_moe", x, topk_ids, topk_weights, w13, w2, w13_segments, w2_segments, isa)[0]
+    inputs, attrs = _shared_args(shared, shared_weights)
+    return _run("fd_gguf_fused_moe", x, topk_ids, topk_weights, w13, w2, *inputs, w13_segments, w2_segments, isa,
+                *attrs)[0]
 
 
 def rms_norm(x: paddle.Tensor, weight: paddle.Tensor, eps: float) -> paddle.Tensor:

@@ -5,6 +5,7 @@
 // machine that runs it), instead of hand-written intrinsics per ISA.
 #pragma once
 
+#include <omp.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -18,6 +19,21 @@
 #include "paddle/extension.h"
 
 namespace fastdeploy_cpu {
+
+// Threads for a parallel region over `units` pieces of work: at most the runtime's, at least one,
+// and one inside another parallel region (the fused MoE ops run a whole expert per thread, its
+// GEMMs on that thread, whatever the runtime's nesting setting).
+inline int team_size(int64_t units) {
+  if (omp_in_parallel()) return 1;
+  return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, units)));
+}
+
+// A per-thread scratch buffer of at least `size` elements (it only grows, so steps do not reallocate).
+template <typename T>
+T* sized(std::vector<T>& buffer, int64_t size) {
+  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
+  return buffer.data();
+}
 
 // bf16 is the top half of an fp32: widening is a shift.
 inline float bf16_to_float(uint16_t h) {

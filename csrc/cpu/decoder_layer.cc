@@ -37,8 +37,11 @@
 
 #include "cpu_utils.h"
 #include "kernels.h"
+#include "weight_matmul.h"
 
 namespace {
+
+using fastdeploy_cpu::Matmul;
 
 // Measured on the AVX512-BF16 EPYC (one thread, 16 prompts of 270 tokens, one process taking turns):
 // prefill GGUF 4.31 -> 4.04 s at 128 rows (64 and 192 alike), wint4 5.87 -> 5.59 s, fp8 6.15 -> 5.93 s;
@@ -50,56 +53,7 @@ const float* optional_data(const paddle::optional<std::vector<paddle::Tensor>>& 
   return list.is_initialized() ? list->at(i).data<float>() : nullptr;
 }
 
-float* scratch(std::vector<float>& buffer, int64_t size) {
-  if (static_cast<int64_t>(buffer.size()) < size) buffer.resize(size);
-  return buffer.data();
-}
-
-// One of a layer's matmul weights: packed for the linear kernel, GGUF blocks or integer weights,
-// with its segment values.
-struct Matmul {
-  const paddle::Tensor& weight;
-  const float* bias;
-  const int64_t* segments;
-  int64_t num_segments;
-
-  bool fits(int64_t k, int64_t n, const std::string& dtype) const {
-    if (dtype == "w8a8") return num_segments == 1 && weight.numel() == fastdeploy_cpu::w8a8_weight_bytes(k, n, segments[0]);
-    if (dtype == "fp8") return num_segments == 2 && weight.numel() == fastdeploy_cpu::fp8_weight_bytes(k, n, segments[0]);
-    if (dtype == "int") {
-      if (num_segments != 3) return false;
-      const int64_t bytes = fastdeploy_cpu::int_linear_bytes(static_cast<int>(segments[0]), k, n, segments[1]);
-      return bytes > 0 && weight.numel() == bytes;
-    }
-    if (dtype != "gguf") return fastdeploy_cpu::linear_packed_size_ok(weight.numel(), k, n, dtype == "bfloat16");
-    int64_t rows = 0, bytes = 0;
-    for (int64_t s = 0; s + 1 < num_segments; s += 2) {
-      const int64_t packed = fastdeploy_cpu::gguf_packed_bytes(static_cast<int>(segments[s]), segments[s + 1], k);
-      if (packed <= 0) return false;
-      rows += segments[s + 1];
-      bytes += packed;
-    }
-    return num_segments > 0 && num_segments % 2 == 0 && rows == n && bytes == weight.numel();
-  }
-
-  void run(const float* x, int64_t m, int64_t k, int64_t n, const std::string& dtype, int gguf_isa, float* out) const {
-    if (dtype == "w8a8") {
-      fastdeploy_cpu::w8a8_forward(x, m, k, weight.data<uint8_t>(), weight.numel(), bias, n, segments[0], out);
-    } else if (dtype == "fp8") {
-      fastdeploy_cpu::fp8_forward(x, m, k, weight.data<uint8_t>(), segments[0], bias, n, static_cast<int>(segments[1]),
-                                  out);
-    } else if (dtype == "int") {
-      const int bits = static_cast<int>(segments[0]);
-      const auto parts = fastdeploy_cpu::int_linear_parts(weight.data<uint8_t>(), bits, k, n, segments[1]);
-      fastdeploy_cpu::int_gemm(x, m, k, parts.w, bits, segments[1], parts.scales, parts.mins, bias, n,
-                               static_cast<int>(segments[2]), out);
-    } else if (dtype == "gguf") {
-      fastdeploy_cpu::gguf_gemm(x, m, k, weight.data<uint8_t>(), segments, num_segments / 2, bias, n, gguf_isa, out);
-    } else {
-      fastdeploy_cpu::linear_forward(x, m, k, weight.data(), bias, n, dtype == "bfloat16", out);
-    }
-  }
-};
+using fastdeploy_cpu::sized;
 
 // Reads each layer's four weights' segment values off the flattened `segments` attribute.
 class SegmentReader {
@@ -111,7 +65,7 @@ class SegmentReader {
                  pos_ + 1 + static_cast<size_t>(values_[pos_]) <= values_.size(),
              "decoder_layers: segments hold fewer weights than the layers have.");
     const int64_t count = values_[pos_];
-    const Matmul m{weight, bias, values_.data() + pos_ + 1, count};
+    const Matmul m{{weight, bias, values_.data() + pos_ + 1, count}};
     pos_ += 1 + count;
     return m;
   }
@@ -187,12 +141,12 @@ void DecoderLayers(paddle::Tensor& hidden, paddle::Tensor& residual, const std::
   thread_local std::vector<float> qkv_buf, attn_buf, gate_up_buf, act_buf;
   float* x = hidden.data<float>();
   float* res = residual.data<float>();
-  float* qkv = scratch(qkv_buf, t * qkv_width);
-  float* attn = scratch(attn_buf, t * q_width);
+  float* qkv = sized(qkv_buf, t * qkv_width);
+  float* attn = sized(attn_buf, t * q_width);
   const bool row_tiled = dtype == "gguf" || dtype == "int" || dtype == "fp8";
   const int64_t mlp_rows = row_tiled ? std::min(t, kMlpChunkRows) : t;
-  float* gate_up = scratch(gate_up_buf, mlp_rows * 2 * inter);
-  float* act = scratch(act_buf, mlp_rows * inter);
+  float* gate_up = sized(gate_up_buf, mlp_rows * 2 * inter);
+  float* act = sized(act_buf, mlp_rows * inter);
   const int64_t* pos = positions.data<int64_t>();
   const int64_t* slots = slot_mapping.data<int64_t>();
 

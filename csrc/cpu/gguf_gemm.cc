@@ -737,7 +737,7 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
 
   // Each thread takes a contiguous range of every segment's tiles: the weights are read once in
   // all, and which thread computes a column changes nothing in it.
-  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, n / 64)));
+  const int threads = team_size(n / 64);
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();

@@ -291,7 +291,7 @@ void int_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, int bits, 
   // Each thread takes a contiguous range of panels: the weights are read once in all, and which
   // thread computes a column changes nothing in it.
   const int64_t panels = (n + kIntPanel - 1) / kIntPanel;
-  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, panels / 4)));
+  const int threads = team_size(panels / 4);
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();

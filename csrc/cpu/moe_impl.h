@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,22 @@ namespace fastdeploy_cpu {
 
 enum MoeProj : int { kMoeW13 = 0, kMoeW2 = 1 };
 
-// Per-call scratch, kept per thread so steps do not reallocate.
+// Tokens up to which a step with more than one thread runs each expert whole on one thread
+// (fused_moe_grouped's `expert_tasks`). A decode step's experts get a few rows each, so their
+// GEMMs read weights: the threads stream different experts at once instead of meeting at a
+// barrier after every GEMM, and the thread that takes the shared experts (first in the list,
+// their GEMMs bound by arithmetic at every row) computes them while the others stream.
+constexpr int64_t kMoeTaskTokens = 32;
+
+// Per-call scratch, kept per thread so steps do not reallocate: the grouping and the routed /
+// shared outputs (the calling thread's), and one expert's rows (each thread running experts).
 struct MoeScratch {
-  std::vector<int64_t> counts, offsets, order;
-  std::vector<float> x_rows, gate_up, act, y_rows, expert_out;
+  std::vector<int64_t> counts, offsets, order, tasks;
+  std::vector<float> y_rows, shared_out;
+};
+
+struct ExpertScratch {
+  std::vector<float> x_rows, gate_up, act, expert_out;
 };
 
 inline MoeScratch& moe_scratch() {
@@ -43,20 +56,61 @@ inline MoeScratch& moe_scratch() {
   return s;
 }
 
+inline ExpertScratch& expert_scratch() {
+  thread_local ExpertScratch s;
+  return s;
+}
+
+// The shared experts of an MoE block run by the op itself: a SwiGLU of `inter` columns over every
+// token, expert index E of the format's gemm; each token's output adds it after its routed experts',
+// times token_weights[t] (Qwen2-MoE's sigmoid gate) where given. inter 0: none.
+struct MoeShared {
+  int64_t inter = 0;
+  const float* token_weights = nullptr;
+};
+
+// One expert over its rows: gather them (pair_ids: the (token, slot) pairs it serves; none: every
+// token in order, the shared experts), gate|up GEMM, SiLU-and-mul, down GEMM, each row written to
+// dst's row pair_ids[r] (none: row r).
+template <class ExpertGemm>
+void expert_forward(int64_t e, const int64_t* pair_ids, int64_t rows, const float* x, int64_t hidden, int64_t top_k,
+                    int64_t inter, const ExpertGemm& gemm, float* dst) {
+  ExpertScratch& s = expert_scratch();
+  const float* in = x;
+  if (pair_ids != nullptr) {
+    float* x_rows = sized(s.x_rows, rows * hidden);
+#pragma omp parallel for if (rows * hidden >= (1 << 15)) schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(x_rows + r * hidden, x + (pair_ids[r] / top_k) * hidden, hidden * sizeof(float));
+    in = x_rows;
+  }
+  float* gate_up = sized(s.gate_up, rows * 2 * inter);
+  float* act = sized(s.act, rows * inter);
+  gemm(e, kMoeW13, in, rows, gate_up);
+  silu_and_mul(gate_up, rows, inter, act);
+  if (pair_ids == nullptr) {
+    gemm(e, kMoeW2, act, rows, dst);
+    return;
+  }
+  float* expert_out = sized(s.expert_out, rows * hidden);
+  gemm(e, kMoeW2, act, rows, expert_out);
+#pragma omp parallel for if (rows * hidden >= (1 << 15)) schedule(static)
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(dst + pair_ids[r] * hidden, expert_out + r * hidden, hidden * sizeof(float));
+}
+
+// expert_tasks: the format's gemm may run inside a parallel region (on the calling thread); then
+// steps of up to kMoeTaskTokens tokens run each expert on one thread (see there).
 template <class ExpertGemm>
 void fused_moe_grouped(const float* x, int64_t num_tokens, int64_t hidden, const int64_t* topk_ids,
                        const float* topk_weights, int64_t top_k, int64_t num_experts, int64_t inter,
-                       const ExpertGemm& gemm, float* out) {
+                       const ExpertGemm& gemm, float* out, const MoeShared& shared = {}, bool expert_tasks = false) {
   const int64_t pairs = num_tokens * top_k;
   MoeScratch& s = moe_scratch();
   s.counts.assign(num_experts, 0);
   for (int64_t p = 0; p < pairs; ++p) s.counts[topk_ids[p]]++;
   s.offsets.assign(num_experts + 1, 0);
-  int64_t max_rows = 0;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    s.offsets[e + 1] = s.offsets[e] + s.counts[e];
-    max_rows = std::max(max_rows, s.counts[e]);
-  }
+  for (int64_t e = 0; e < num_experts; ++e) s.offsets[e + 1] = s.offsets[e] + s.counts[e];
   // order[offsets[e] .. offsets[e + 1]) = the pairs (t * top_k + slot) routed to e, ascending.
   s.order.resize(pairs);
   std::vector<int64_t>& fill = s.counts;
@@ -65,33 +119,65 @@ void fused_moe_grouped(const float* x, int64_t num_tokens, int64_t hidden, const
     const int64_t e = topk_ids[p];
     s.order[s.offsets[e] + fill[e]++] = p;
   }
-  s.x_rows.resize(max_rows * hidden);
-  s.gate_up.resize(max_rows * 2 * inter);
-  s.act.resize(max_rows * inter);
-  s.y_rows.resize(pairs * hidden);
-  s.expert_out.resize(max_rows * hidden);
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const int64_t begin = s.offsets[e], rows = s.offsets[e + 1] - begin;
-    if (rows == 0) continue;
-    const int64_t* pair_ids = s.order.data() + begin;
-#pragma omp parallel for if (rows * hidden >= (1 << 15)) schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(s.x_rows.data() + r * hidden, x + (pair_ids[r] / top_k) * hidden, hidden * sizeof(float));
-    gemm(e, kMoeW13, s.x_rows.data(), rows, s.gate_up.data());
-    silu_and_mul(s.gate_up.data(), rows, inter, s.act.data());
-    gemm(e, kMoeW2, s.act.data(), rows, s.expert_out.data());
-#pragma omp parallel for if (rows * hidden >= (1 << 15)) schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(s.y_rows.data() + pair_ids[r] * hidden, s.expert_out.data() + r * hidden, hidden * sizeof(float));
+  // The shared experts first (index num_experts), then every expert that got tokens; experts that
+  // got none cost nothing.
+  s.tasks.clear();
+  if (shared.inter > 0) s.tasks.push_back(num_experts);
+  for (int64_t e = 0; e < num_experts; ++e)
+    if (s.offsets[e + 1] > s.offsets[e]) s.tasks.push_back(e);
+  float* y_rows = sized(s.y_rows, pairs * hidden);
+  float* shared_out = shared.inter > 0 ? sized(s.shared_out, num_tokens * hidden) : nullptr;
+  const int64_t* order = s.order.data();
+  const int64_t* offsets = s.offsets.data();
+  const auto run = [&](int64_t e) {
+    if (e == num_experts) {
+      expert_forward(e, nullptr, num_tokens, x, hidden, top_k, shared.inter, gemm, shared_out);
+    } else {
+      expert_forward(e, order + offsets[e], offsets[e + 1] - offsets[e], x, hidden, top_k, inter, gemm, y_rows);
+    }
+  };
+  const int64_t num_tasks = static_cast<int64_t>(s.tasks.size());
+  const int threads = team_size(num_tasks);
+  if (expert_tasks && threads > 1 && num_tokens <= kMoeTaskTokens) {
+    const int64_t* tasks = s.tasks.data();
+    int64_t next = 0;
+    // An error may not leave a parallel region (it would end the process): the first one stops the
+    // tasks and is raised after it.
+    std::exception_ptr error;
+#pragma omp parallel num_threads(threads)
+    for (;;) {
+      int64_t i;
+#pragma omp atomic capture
+      i = next++;
+      if (i >= num_tasks) break;
+      try {
+        run(tasks[i]);
+      } catch (...) {
+#pragma omp critical(fd_moe_task_error)
+        if (!error) error = std::current_exception();
+#pragma omp atomic write
+        next = num_tasks;
+      }
+    }
+    if (error) std::rethrow_exception(error);
+  } else {
+    for (const int64_t e : s.tasks) run(e);
   }
-  // Each token's slots in slot order: the same sum whatever else ran in the step.
+  // Each token's slots in slot order, then its shared experts: the same sum whatever else ran in
+  // the step.
 #pragma omp parallel for if (pairs * hidden >= (1 << 15)) schedule(static)
   for (int64_t t = 0; t < num_tokens; ++t) {
     float* dst = out + t * hidden;
     std::fill(dst, dst + hidden, 0.0f);
     for (int64_t k = 0; k < top_k; ++k) {
       const float w = topk_weights[t * top_k + k];
-      const float* src = s.y_rows.data() + (t * top_k + k) * hidden;
+      const float* src = y_rows + (t * top_k + k) * hidden;
+#pragma omp simd
+      for (int64_t i = 0; i < hidden; ++i) dst[i] += w * src[i];
+    }
+    if (shared_out != nullptr) {
+      const float w = shared.token_weights != nullptr ? shared.token_weights[t] : 1.0f;
+      const float* src = shared_out + t * hidden;
 #pragma omp simd
       for (int64_t i = 0; i < hidden; ++i) dst[i] += w * src[i];
     }

@@ -8,9 +8,15 @@
 //                      expert e's gate|up rows ([2I, H] as (type, rows) segments) and down rows
 //                      ([H, I]) packed by fd_gguf_pack, one row of [E, bytes] each.
 //
+// Both take the block's shared experts too (optional): a dense SwiGLU in one of OwnMatmul's formats
+// (weight_matmul.h) that the op runs as one more expert over every token. Within a decode step the
+// thread that runs them computes while the others stream the routed experts' weights
+// (moe_impl.h's expert tasks), which the shared experts' separate ops after the routed ones could not.
+//
 // Both kernels compute each row independently of the others, so the ops are batch-invariant
 // like fd_fused_moe. Neither needs oneDNN: they build wherever int_gemm.cc / gguf_gemm.cc do.
 #include "moe_impl.h"
+#include "weight_matmul.h"
 
 namespace {
 
@@ -27,18 +33,83 @@ void check_expert_rows(const paddle::Tensor& t, int64_t num_experts, int64_t per
                "], got " + std::to_string(t.numel()) + " elements.");
 }
 
+// An op's optional shared experts: gate|up [H, 2S] and down [S, H] weights in one of OwnMatmul's formats,
+// their (format) segments, and optional per-token weights [T] (or [T, 1]).
+class SharedExperts {
+ public:
+  SharedExperts(const paddle::optional<paddle::Tensor>& w13, const paddle::optional<paddle::Tensor>& w2,
+                const paddle::optional<paddle::Tensor>& token_weights, int64_t inter, const std::string& dtype,
+                const std::vector<int64_t>& w13_segments, const std::vector<int64_t>& w2_segments, int gguf_isa,
+                int64_t num_tokens, int64_t hidden, const std::string& op)
+      : dtype_(dtype), w13_segments_(w13_segments), w2_segments_(w2_segments), gguf_isa_(gguf_isa), hidden_(hidden) {
+    if (inter == 0) {
+      PD_CHECK(!w13.is_initialized() && !w2.is_initialized() && !token_weights.is_initialized(),
+               op + ": shared expert weights need shared_inter > 0.");
+      return;
+    }
+    PD_CHECK(inter > 0 && w13.is_initialized() && w2.is_initialized(),
+             op + ": shared experts need shared_w13, shared_w2 and shared_inter > 0.");
+    PD_CHECK(fastdeploy_cpu::OwnMatmul::own_format(dtype),
+             op + ": shared experts in '" + dtype + "' are not run by this op (int, gguf, fp8 are).");
+    check_cpu_contiguous(*w13, "shared_w13");
+    check_cpu_contiguous(*w2, "shared_w2");
+    w13_ = &*w13;
+    w2_ = &*w2;
+    PD_CHECK(matmul(kW13).fits(hidden, 2 * inter, dtype) && matmul(kW2).fits(inter, hidden, dtype),
+             op + ": shared_w13 / shared_w2 are not [H, 2S] / [S, H] = [" + std::to_string(hidden) + ", " +
+                 std::to_string(2 * inter) + "] / [" + std::to_string(inter) + ", " + std::to_string(hidden) +
+                 "] '" + dtype + "' weights.");
+    settings_.inter = inter;
+    if (token_weights.is_initialized()) {
+      check_cpu_contiguous(*token_weights, "shared_weights");
+      check_dtype(*token_weights, paddle::DataType::FLOAT32, "shared_weights");
+      PD_CHECK(token_weights->numel() == num_tokens, op + ": shared_weights needs one weight per token.");
+      settings_.token_weights = token_weights->data<float>();
+    }
+  }
+
+  const fastdeploy_cpu::MoeShared& settings() const { return settings_; }
+
+  // out = in @ the gate|up (kMoeW13) or down (kMoeW2) weight.
+  void gemm(int proj, const float* in, int64_t rows, float* out) const {
+    const int64_t inter = settings_.inter;
+    if (proj == kW13) {
+      matmul(kW13).run(in, rows, hidden_, 2 * inter, dtype_, gguf_isa_, out);
+    } else {
+      matmul(kW2).run(in, rows, inter, hidden_, dtype_, gguf_isa_, out);
+    }
+  }
+
+ private:
+  static constexpr int kW13 = fastdeploy_cpu::kMoeW13, kW2 = fastdeploy_cpu::kMoeW2;
+
+  fastdeploy_cpu::OwnMatmul matmul(int proj) const {
+    const std::vector<int64_t>& segments = proj == kW13 ? w13_segments_ : w2_segments_;
+    return {proj == kW13 ? *w13_ : *w2_, nullptr, segments.data(), static_cast<int64_t>(segments.size())};
+  }
+
+  const paddle::Tensor *w13_ = nullptr, *w2_ = nullptr;
+  const std::string& dtype_;
+  const std::vector<int64_t>&w13_segments_, &w2_segments_;
+  int gguf_isa_;
+  int64_t hidden_;
+  fastdeploy_cpu::MoeShared settings_;
+};
+
 }  // namespace
 
 // x [T, H] fp32; topk_ids [T, K] int64 in [0, E); topk_weights [T, K] fp32; w13 [E, bytes] uint8 (each row one
 // expert's [H, 2I] gate|up integers, int_gemm_impl.h's layout) with scales [E, n] (and int4 mins [E, n]);
-// w2 / w2_scales / w2_mins likewise for the [I, H] down weights -> [T, H] fp32.
-std::vector<paddle::Tensor> IntFusedMoE(const paddle::Tensor& x, const paddle::Tensor& topk_ids,
-                                        const paddle::Tensor& topk_weights, const paddle::Tensor& w13,
-                                        const paddle::Tensor& w13_scales,
-                                        const paddle::optional<paddle::Tensor>& w13_mins, const paddle::Tensor& w2,
-                                        const paddle::Tensor& w2_scales,
-                                        const paddle::optional<paddle::Tensor>& w2_mins, int64_t inter, int bits,
-                                        int64_t group, int isa) {
+// w2 / w2_scales / w2_mins likewise for the [I, H] down weights; the optional shared experts (SharedExperts)
+// -> [T, H] fp32.
+std::vector<paddle::Tensor> IntFusedMoE(
+    const paddle::Tensor& x, const paddle::Tensor& topk_ids, const paddle::Tensor& topk_weights,
+    const paddle::Tensor& w13, const paddle::Tensor& w13_scales, const paddle::optional<paddle::Tensor>& w13_mins,
+    const paddle::Tensor& w2, const paddle::Tensor& w2_scales, const paddle::optional<paddle::Tensor>& w2_mins,
+    const paddle::optional<paddle::Tensor>& shared_w13, const paddle::optional<paddle::Tensor>& shared_w2,
+    const paddle::optional<paddle::Tensor>& shared_weights, int64_t inter, int bits, int64_t group, int isa,
+    int64_t shared_inter, const std::string& shared_dtype, const std::vector<int64_t>& shared_w13_segments,
+    const std::vector<int64_t>& shared_w2_segments, int shared_gguf_isa) {
   const std::string op = "fd_int_fused_moe";
   PD_CHECK(bits == 8 || bits == 4, op + ": bits must be 8 or 4.");
   PD_CHECK(w13.shape().size() == 2, op + ": w13 must be [E, bytes].");
@@ -65,13 +136,17 @@ std::vector<paddle::Tensor> IntFusedMoE(const paddle::Tensor& x, const paddle::T
     mins13 = w13_mins->data<float>();
     mins2 = w2_mins->data<float>();
   }
+  const SharedExperts shared(shared_w13, shared_w2, shared_weights, shared_inter, shared_dtype, shared_w13_segments,
+                             shared_w2_segments, shared_gguf_isa, num_tokens, hidden, op);
   auto out = paddle::empty({num_tokens, hidden}, paddle::DataType::FLOAT32, x.place());
   if (num_tokens == 0) return {out};
   const uint8_t *q13 = w13.data<uint8_t>(), *q2 = w2.data<uint8_t>();
   const float *sc13 = w13_scales.data<float>(), *sc2 = w2_scales.data<float>();
   const int64_t b13 = w13.shape()[1], b2 = w2.shape()[1];
   const auto gemm = [&](int64_t e, int proj, const float* in, int64_t rows, float* dst) {
-    if (proj == fastdeploy_cpu::kMoeW13) {
+    if (e == num_experts) {
+      shared.gemm(proj, in, rows, dst);
+    } else if (proj == fastdeploy_cpu::kMoeW13) {
       fastdeploy_cpu::int_gemm(in, rows, hidden, q13 + e * b13, bits, group, sc13 + e * s13,
                                mins13 ? mins13 + e * s13 : nullptr, nullptr, 2 * inter, isa, dst);
     } else {
@@ -80,15 +155,19 @@ std::vector<paddle::Tensor> IntFusedMoE(const paddle::Tensor& x, const paddle::T
     }
   };
   fastdeploy_cpu::fused_moe_grouped(x.data<float>(), num_tokens, hidden, topk_ids.data<int64_t>(),
-                                    topk_weights.data<float>(), top_k, num_experts, inter, gemm, out.data<float>());
+                                    topk_weights.data<float>(), top_k, num_experts, inter, gemm, out.data<float>(),
+                                    shared.settings(), true);
   return {out};
 }
 
 PD_BUILD_OP(fd_int_fused_moe)
     .Inputs({"x", "topk_ids", "topk_weights", "w13", "w13_scales", paddle::Optional("w13_mins"), "w2", "w2_scales",
-             paddle::Optional("w2_mins")})
+             paddle::Optional("w2_mins"), paddle::Optional("shared_w13"), paddle::Optional("shared_w2"),
+             paddle::Optional("shared_weights")})
     .Outputs({"out"})
-    .Attrs({"inter: int64_t", "bits: int", "group: int64_t", "isa: int"})
+    .Attrs({"inter: int64_t", "bits: int", "group: int64_t", "isa: int", "shared_inter: int64_t",
+            "shared_dtype: std::string", "shared_w13_segments: std::vector<int64_t>",
+            "shared_w2_segments: std::vector<int64_t>", "shared_gguf_isa: int"})
     .SetKernelFn(PD_KERNEL(IntFusedMoE));
 
 namespace {
@@ -112,11 +191,15 @@ std::pair<int64_t, int64_t> gguf_expert_shape(const std::vector<int64_t>& segmen
 
 // x [T, H] fp32; topk_ids [T, K] int64 in [0, E); topk_weights [T, K] fp32; w13 [E, bytes] uint8: each row one
 // expert's gate|up rows ([2I, H], gate first) packed by fd_gguf_pack, in w13_segments' (type, rows) pairs;
-// w2 [E, bytes]: each expert's down rows ([H, I]) in w2_segments -> [T, H] fp32.
-std::vector<paddle::Tensor> GgufFusedMoE(const paddle::Tensor& x, const paddle::Tensor& topk_ids,
-                                         const paddle::Tensor& topk_weights, const paddle::Tensor& w13,
-                                         const paddle::Tensor& w2, const std::vector<int64_t>& w13_segments,
-                                         const std::vector<int64_t>& w2_segments, int isa) {
+// w2 [E, bytes]: each expert's down rows ([H, I]) in w2_segments; the optional shared experts (SharedExperts)
+// -> [T, H] fp32.
+std::vector<paddle::Tensor> GgufFusedMoE(
+    const paddle::Tensor& x, const paddle::Tensor& topk_ids, const paddle::Tensor& topk_weights,
+    const paddle::Tensor& w13, const paddle::Tensor& w2, const paddle::optional<paddle::Tensor>& shared_w13,
+    const paddle::optional<paddle::Tensor>& shared_w2, const paddle::optional<paddle::Tensor>& shared_weights,
+    const std::vector<int64_t>& w13_segments, const std::vector<int64_t>& w2_segments, int isa, int64_t shared_inter,
+    const std::string& shared_dtype, const std::vector<int64_t>& shared_w13_segments,
+    const std::vector<int64_t>& shared_w2_segments, int shared_gguf_isa) {
   const std::string op = "fd_gguf_fused_moe";
   PD_CHECK(w13.shape().size() == 2, op + ": w13 must be [E, bytes].");
   const int64_t num_experts = w13.shape()[0];
@@ -128,12 +211,16 @@ std::vector<paddle::Tensor> GgufFusedMoE(const paddle::Tensor& x, const paddle::
   PD_CHECK(rows2 == hidden, op + ": w2 has " + std::to_string(rows2) + " rows, H is " + std::to_string(hidden) + ".");
   check_expert_rows(w13, num_experts, bytes13, paddle::DataType::UINT8, "w13", op);
   check_expert_rows(w2, num_experts, bytes2, paddle::DataType::UINT8, "w2", op);
+  const SharedExperts shared(shared_w13, shared_w2, shared_weights, shared_inter, shared_dtype, shared_w13_segments,
+                             shared_w2_segments, shared_gguf_isa, num_tokens, hidden, op);
   auto out = paddle::empty({num_tokens, hidden}, paddle::DataType::FLOAT32, x.place());
   if (num_tokens == 0) return {out};
   const uint8_t *p13 = w13.data<uint8_t>(), *p2 = w2.data<uint8_t>();
   const int64_t n13 = static_cast<int64_t>(w13_segments.size() / 2), n2 = static_cast<int64_t>(w2_segments.size() / 2);
   const auto gemm = [&](int64_t e, int proj, const float* in, int64_t rows, float* dst) {
-    if (proj == fastdeploy_cpu::kMoeW13) {
+    if (e == num_experts) {
+      shared.gemm(proj, in, rows, dst);
+    } else if (proj == fastdeploy_cpu::kMoeW13) {
       fastdeploy_cpu::gguf_gemm(in, rows, hidden, p13 + e * bytes13, w13_segments.data(), n13, nullptr, rows13, isa,
                                 dst);
     } else {
@@ -141,12 +228,16 @@ std::vector<paddle::Tensor> GgufFusedMoE(const paddle::Tensor& x, const paddle::
     }
   };
   fastdeploy_cpu::fused_moe_grouped(x.data<float>(), num_tokens, hidden, topk_ids.data<int64_t>(),
-                                    topk_weights.data<float>(), top_k, num_experts, inter, gemm, out.data<float>());
+                                    topk_weights.data<float>(), top_k, num_experts, inter, gemm, out.data<float>(),
+                                    shared.settings(), true);
   return {out};
 }
 
 PD_BUILD_OP(fd_gguf_fused_moe)
-    .Inputs({"x", "topk_ids", "topk_weights", "w13", "w2"})
+    .Inputs({"x", "topk_ids", "topk_weights", "w13", "w2", paddle::Optional("shared_w13"), paddle::Optional("shared_w2"),
+             paddle::Optional("shared_weights")})
     .Outputs({"out"})
-    .Attrs({"w13_segments: std::vector<int64_t>", "w2_segments: std::vector<int64_t>", "isa: int"})
+    .Attrs({"w13_segments: std::vector<int64_t>", "w2_segments: std::vector<int64_t>", "isa: int",
+            "shared_inter: int64_t", "shared_dtype: std::string", "shared_w13_segments: std::vector<int64_t>",
+            "shared_w2_segments: std::vector<int64_t>", "shared_gguf_isa: int"})
     .SetKernelFn(PD_KERNEL(GgufFusedMoE));

@@ -211,7 +211,7 @@ void panels(const Args& a, int64_t pb, int64_t pe, W* buffer) {
 template <typename Body>
 void for_panel_ranges(int64_t n, Body body) {
   const int64_t num_panels = (n + kPanel - 1) / kPanel;
-  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, num_panels / 4)));
+  const int threads = team_size(num_panels / 4);
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();

@@ -187,7 +187,7 @@ template <typename W>
 void gemm(const float* x, int64_t m, int64_t k, const W* packed, const float* bias, int64_t n, float* out) {
   const int64_t panels = num_panels(n);
   // Each thread owns a contiguous range of panels (output columns): the weights are read once in all.
-  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, panels / 4)));
+  const int threads = team_size(panels / 4);
 #pragma omp parallel num_threads(threads)
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();

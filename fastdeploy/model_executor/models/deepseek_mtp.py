@@ -151,10 +151,11 @@ class DeepSeekMTP(nn.Layer):
         """Convert the modules' weights as the target converted its own (same kernels, same dtype, same order:
         experts, matmuls, then MLA's absorbed weights from the matmuls' packed values)."""
         from fastdeploy.model_executor.layers.linear import process_linear_weights
-        from fastdeploy.model_executor.models.moe import pack_experts
+        from fastdeploy.model_executor.models.moe import fuse_shared_experts, pack_experts
 
         pack_experts(self, dtype)
         process_linear_weights(self, dtype)
+        fuse_shared_experts(self)
         for layer in self.model.layers.values():
             layer.process_weights_after_loading()
         self.kv_cache_dtype = "bfloat16" if dtype == "bfloat16" else "float32"

@@ -16,10 +16,14 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from fastdeploy import _custom_ops as ops
+from fastdeploy.logger import init_logger
 from fastdeploy.model_executor.layers.fused_moe import FusedMoE, GateLinear, expert_params_mapping
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
 from fastdeploy.model_executor.models.llama import LlamaMLP
 from fastdeploy.model_executor.utils import new_parameter
+
+logger = init_logger(__name__)
 
 
 class MoEStatics(nn.Layer):
@@ -56,7 +60,32 @@ class SparseMoeBlock(nn.Layer):
         self.shared_expert_gate = GateLinear(hidden_size, 1, dtype, f"{prefix}.shared_expert_gate") if shared_gate \
             else None
 
+    # The shared experts as the routed experts' op takes them (fuse_shared_experts, once the weights are
+    # packed); None: they run as ops of their own after the routed experts.
+    _fused_shared: ops.SharedExperts | None = None
+
+    def fuse_shared_experts(self) -> bool:
+        """Let the routed experts' op run the shared experts too, where its method runs their weights' format
+        (the quantized MoE ops: the thread computing them overlaps the others streaming routed experts);
+        True where it does. Under tensor parallelism the shared experts stay apart (their all-reduce)."""
+        shared = getattr(self, self._shared_name) if self._shared_name is not None else None
+        if not isinstance(shared, LlamaMLP) or shared.down_proj.tp_size > 1:
+            return False
+        gate_up, down = (m.quant_method.kernel_weight(m) for m in (shared.gate_up_proj, shared.down_proj))
+        if (gate_up is None or down is None or gate_up.bias is not None or down.bias is not None
+                or (gate_up.dtype, gate_up.gguf_isa) != (down.dtype, down.gguf_isa)
+                or not self.experts.quant_method.runs_shared_experts(gate_up.dtype)):
+            return False
+        object.__setattr__(self, "_fused_shared", ops.SharedExperts(
+            gate_up.weight, down.weight, shared.down_proj.input_size, gate_up.dtype, list(gate_up.segments),
+            list(down.segments), gate_up.gguf_isa))
+        return True
+
     def forward(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
+        if self._fused_shared is not None:
+            gate = self.shared_expert_gate
+            weights = F.sigmoid(gate(hidden_states)) if gate is not None else None
+            return self.experts(hidden_states, self.gate(hidden_states), self._fused_shared, weights)
         out = self.experts(hidden_states, self.gate(hidden_states))
         if self._shared_name is None:
             return out
@@ -124,6 +153,15 @@ class MoEModelMixin:
         """
         pack_experts(self, dtype)
         super().process_weights_after_loading(dtype)
+        fuse_shared_experts(self)
+
+
+def fuse_shared_experts(model: nn.Layer) -> None:
+    """:meth:`SparseMoeBlock.fuse_shared_experts` on every block of ``model`` (its matmuls packed); logs how many."""
+    blocks = [m for m in model.sublayers() if isinstance(m, SparseMoeBlock) and m._shared_name is not None]
+    fused = sum(block.fuse_shared_experts() for block in blocks)
+    if blocks:
+        logger.info("MoE shared experts: %d of %d blocks run inside the routed experts' op", fused, len(blocks))
 
 
 def pack_experts(model: nn.Layer, dtype: str) -> None:

@@ -184,3 +184,107 @@ def test_formats_without_an_moe_method_are_refused_by_name(name):
                                          r"'model.layers.3.mlp.experts' \(FusedMoE\); MoE experts are quantized by: "
                                          r"gguf, wint4, wint8"):
         FusedMoE(E, K, H, INTER, quant_config=config, prefix="model.layers.3.mlp.experts")
+
+
+SHARED_INTER = 512  # not the routed experts' I (K-quant rows are whole 256-value superblocks)
+
+
+def _shared_experts(fmt, isa):
+    """(SharedExperts in ``fmt``'s buffers, its SwiGLU as separate ops: x -> [T, H])."""
+    from fastdeploy.model_executor.layers.quantization.int_kernels import linear_buffer, pack_int4
+
+    if fmt == "wint4":
+        bufs = [paddle.to_tensor(linear_buffer(pack_int4(quantize_int4(
+            (rng.standard_normal(shape) * 0.05).astype(np.float32), 128)))) for shape in ((H, 2 * SHARED_INTER),
+                                                                                       (SHARED_INTER, H))]
+        segments = ([4, 128, isa], [4, 128, isa])
+        shared = ops.SharedExperts(*bufs, SHARED_INTER, "int", *segments)
+
+        def apart(x):
+            h = ops.int_linear(x, bufs[0], None, 2 * SHARED_INTER, 4, 128, isa)
+            return ops.int_linear(ops.silu_and_mul(h), bufs[1], None, H, 4, 128, isa)
+
+        return shared, apart
+    blocks = [random_blocks(12, 2 * SHARED_INTER, H, rng), random_blocks(14, H, SHARED_INTER, rng)]
+    segments = ([12, 2 * SHARED_INTER], [14, H])
+    bufs = [ops.gguf_pack(paddle.to_tensor(b.reshape(-1)), seg, k)
+            for b, seg, k in zip(blocks, segments, (H, SHARED_INTER), strict=True)]
+    shared = ops.SharedExperts(*bufs, SHARED_INTER, "gguf", *segments, isa)
+
+    def apart(x):
+        h = ops.gguf_linear(x, bufs[0], None, segments[0], isa)
+        return ops.gguf_linear(ops.silu_and_mul(h), bufs[1], None, segments[1], isa)
+
+    return shared, apart
+
+
+@pytest.mark.parametrize("fmt", ["wint4", "gguf"])
+def test_shared_experts_inside_the_op_add_what_their_own_ops_give(fmt):
+    """The op's shared experts (a whole expert per thread at <= 32 tokens on two threads, each GEMM split over
+    the threads above) add exactly what their own ops give, times a per-token gate where one is given;
+    rows stay independent of the batch and of the thread count."""
+    from fastdeploy._C import omp_thread_control
+
+    if fmt == "wint4":
+        isa = INT_PATHS[max(INT_PATHS, key=INT_PATHS.get)]
+        layer, _, _ = _int_layer("wint4", isa)
+    else:
+        isa = GGUF_PATHS[max(GGUF_PATHS, key=GGUF_PATHS.get)]
+        layer, _ = _gguf_layer(GGUF_TYPES["Q4_K"], isa)
+    shared, apart = _shared_experts(fmt, isa)
+    control = omp_thread_control()
+    threads = control.get_threads()
+
+    def forward(x, ids, weights, gate=None):
+        return layer.quant_method.apply(layer, paddle.to_tensor(x), paddle.to_tensor(weights), paddle.to_tensor(ids),
+                                        shared, None if gate is None else paddle.to_tensor(gate)).numpy()
+
+    for _, ids, weights in ROUTINGS:
+        x = rng.standard_normal((len(ids), H)).astype(np.float32)
+        routed, alone = _forward(layer, x, ids, weights), apart(paddle.to_tensor(x)).numpy()
+        assert np.abs(alone).max() > 0
+        got = forward(x, ids, weights)
+        np.testing.assert_array_equal(got, routed + alone)
+        gate = rng.uniform(0.0, 1.0, len(ids)).astype(np.float32)
+        gated = forward(x, ids, weights, gate)
+        np.testing.assert_allclose(gated, routed + gate[:, None] * alone, rtol=1e-6, atol=1e-6 * np.abs(got).max())
+        np.testing.assert_array_equal(forward(x[-1:], ids[-1:], weights[-1:], gate[-1:])[0], gated[-1])
+        try:
+            control.set_threads(1 if threads > 1 else 2)
+            np.testing.assert_array_equal(forward(x, ids, weights, gate), gated)
+        finally:
+            control.set_threads(threads)
+
+
+def test_shared_experts_of_a_format_the_op_does_not_run_are_refused():
+    layer, _, _ = _int_layer("wint4", INT_PATHS[max(INT_PATHS, key=INT_PATHS.get)])
+    shared, _ = _shared_experts("wint4", 0)
+    x, ids, weights = (paddle.to_tensor(a) for a in (np.zeros((2, H), np.float32), ROUTINGS[1][1][:2],
+                                                       ROUTINGS[1][2][:2]))
+    with pytest.raises(Exception, match="shared experts in 'bfloat16' are not run by this op"):
+        layer.quant_method.apply(layer, x, weights, ids, shared._replace(dtype="bfloat16"))
+    with pytest.raises(Exception, match=r"shared_w13 / shared_w2 are not \[H, 2S\] / \[S, H\]"):
+        layer.quant_method.apply(layer, x, weights, ids, shared._replace(inter=SHARED_INTER // 2))
+    with pytest.raises(Exception, match="shared_weights needs one weight per token"):
+        layer.quant_method.apply(layer, x, weights, ids, shared, paddle.ones([3]))
+
+
+def test_an_error_inside_the_expert_tasks_is_raised_and_the_op_runs_on():
+    """At <= 32 tokens on two threads each expert runs on one thread of a parallel region; an error there
+    (a kernel path no CPU has) comes back as the op's error instead of ending the process."""
+    from fastdeploy._C import omp_thread_control
+
+    layer, _, _ = _int_layer("wint4", INT_PATHS[max(INT_PATHS, key=INT_PATHS.get)])
+    _, ids, weights = ROUTINGS[1]
+    x = rng.standard_normal((len(ids), H)).astype(np.float32)
+    inputs = [paddle.to_tensor(a) for a in (x, ids, weights)]
+    control = omp_thread_control()
+    threads = control.get_threads()
+    try:
+        control.set_threads(2)
+        with pytest.raises(Exception, match="cannot run kernel path 99"):
+            ops.int_fused_moe(*inputs, *layer._int_moe_args[:-1], 99)
+        want = _forward(layer, x, ids, weights)
+    finally:
+        control.set_threads(threads)
+    np.testing.assert_array_equal(_forward(layer, x, ids, weights), want)

@@ -149,6 +149,7 @@ def test_moe_gguf_serves_its_experts_in_their_blocks(tmp_path):
     assert isinstance(layer.mlp.experts.quant_method, GGUFFusedMoEMethod)
     assert layer.mlp.experts.w13_qweight.dtype == paddle.uint8  # the blocks, not fp32 copies
     assert isinstance(layer.mlp.gate, GateLinear)
+    assert layer.mlp._fused_shared.dtype == "gguf"  # the shared expert's blocks run inside the experts' op
     dequantized = load_our_model(str(tmp_path), path.name)
     assert isinstance(dequantized.model.layers[0].mlp.experts.quant_method, UnquantizedFusedMoEMethod)
     # The experts hold the file's blocks: dequantized, the weights of the --quantization none load.

@@ -43,19 +43,24 @@ def _dequantized_checkpoint(folder, dst, quantization):
 
 
 @pytest.mark.skipif(get_op_backend().int_gemm == "paddle", reason="the integer kernels are not built")
-@pytest.mark.parametrize("quantization", ["wint8", "wint4"])
-def test_int_experts_give_transformers_tokens_on_the_dequantized_weights(quantization, tmp_path):
+@pytest.mark.parametrize(("arch", "quantization"), [(ARCH, "wint8"), (ARCH, "wint4"),
+                                                    ("Qwen2MoeForCausalLM", "wint4")])
+def test_int_experts_give_transformers_tokens_on_the_dequantized_weights(arch, quantization, tmp_path):
+    """Qwen2-MoE adds a shared expert behind a sigmoid gate, which the routed experts' op runs."""
     from fastdeploy.model_executor.layers.quantization.weight_only import IntFusedMoEMethod
+    from fastdeploy.model_executor.models.moe import SparseMoeBlock
 
-    folder = build_tiny_checkpoint(ARCH, tmp_path / "hf")
+    folder = build_tiny_checkpoint(arch, tmp_path / "hf")
     model = _get_model(folder, quantization)
     experts = [m for m in model.sublayers() if isinstance(m, FusedMoE)]
     assert experts and all(isinstance(m.quant_method, IntFusedMoEMethod) for m in experts)
+    blocks = [m for m in model.sublayers() if isinstance(m, SparseMoeBlock)]
+    assert all((b._fused_shared is not None) == (arch != ARCH) for b in blocks)
     dequantized = _dequantized_checkpoint(folder, tmp_path / "dequantized", quantization)
     hf = load_hf_model(dequantized)
     # The experts hold the dequantized checkpoint's weights (gate rows, then up rows).
     w13, w2 = (t.numpy() for t in experts[0].dense_weights())
-    hf_experts = hf.model.layers[0].mlp.experts
+    hf_experts = next(layer.mlp.experts for layer in hf.model.layers if hasattr(layer.mlp, "experts"))
     np.testing.assert_allclose(w13, hf_experts.gate_up_proj.detach().numpy(), rtol=0, atol=1e-7)
     np.testing.assert_allclose(w2, hf_experts.down_proj.detach().numpy(), rtol=0, atol=1e-7)
     assert greedy_generate(model, PROMPT, 24)[0] == hf_greedy(hf, PROMPT, 24)

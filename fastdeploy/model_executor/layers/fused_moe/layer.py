@@ -40,6 +40,7 @@ from fastdeploy.model_executor.layers.quantization.base_config import QuantizeMe
 from fastdeploy.model_executor.utils import load_into, new_parameter, param_dtype, to_tensor
 
 if TYPE_CHECKING:
+    from fastdeploy._custom_ops import SharedExperts
     from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
     from fastdeploy.platforms.interface import OpBackend
 
@@ -78,15 +79,25 @@ def moe_quantization_methods() -> list[str]:
 class FusedMoEMethodBase(QuantizeMethodBase):
     """How a :class:`FusedMoE` layer holds its experts and runs them (vLLM's ``FusedMoEMethodBase``)."""
 
+    # The KernelWeight dtypes of the shared experts apply() runs itself (see runs_shared_experts).
+    shared_expert_dtypes: tuple[str, ...] = ()
+
     def create_weights(self, layer: FusedMoE, num_experts: int, hidden_size: int, intermediate_size: int,
                        dtype: str) -> None:
         """Register ``w13_weight [E, 2I, H]`` and ``w2_weight [E, H, I]`` (or the format's own) on ``layer``."""
         raise NotImplementedError
 
     def apply(self, layer: FusedMoE, x: paddle.Tensor, topk_weights: paddle.Tensor,
-              topk_ids: paddle.Tensor) -> paddle.Tensor:
-        """``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`` for every token ``t`` -> ``[T, H]``."""
+              topk_ids: paddle.Tensor, shared: SharedExperts | None = None,
+              shared_weights: paddle.Tensor | None = None) -> paddle.Tensor:
+        """``sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t])`` for every token ``t`` -> ``[T, H]``,
+        plus the block's shared experts (times ``shared_weights [T]`` where given) where ``shared`` is set
+        (only where :meth:`runs_shared_experts` said yes)."""
         raise NotImplementedError
+
+    def runs_shared_experts(self, dtype: str) -> bool:
+        """Whether :meth:`apply` runs shared experts whose weights compute in ``dtype`` (a :class:`KernelWeight`'s)."""
+        return dtype in self.shared_expert_dtypes
 
     def weight_loader(self, layer: FusedMoE, param: paddle.Tensor, loaded: Any, shard_id: object) -> bool:
         """Load a checkpoint tensor the method keeps in its own form; False leaves it to the layer."""
@@ -244,9 +255,13 @@ class FusedMoE(nn.Layer):
         return select_experts(router_logits, self.top_k, e_score_correction_bias=self.e_score_correction_bias,
                               use_kernel=self.routing_kernel, **self.routing)
 
-    def forward(self, hidden_states: paddle.Tensor, router_logits: paddle.Tensor) -> paddle.Tensor:
+    def forward(self, hidden_states: paddle.Tensor, router_logits: paddle.Tensor, shared: SharedExperts | None = None,
+                shared_weights: paddle.Tensor | None = None) -> paddle.Tensor:
+        """The routed experts' output; with ``shared`` (see :meth:`FusedMoEMethodBase.apply`) the shared experts' too."""
         topk_weights, topk_ids = self.select_experts(router_logits)
-        return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
+        if shared is None:
+            return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
+        return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids, shared, shared_weights)
 
     def process_weights_after_loading(self, dtype: str) -> bool:
         """Convert the loaded experts once for the compute ``dtype``; False where they stay as loaded."""

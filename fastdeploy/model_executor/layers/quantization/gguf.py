@@ -278,6 +278,8 @@ class GGUFFusedMoEMethod(FusedMoEMethodBase):
         isa: the kernel path's id (:data:`KERNEL_PATHS`).
     """
 
+    shared_expert_dtypes = ops.SHARED_EXPERT_DTYPES
+
     def __init__(self, isa: int) -> None:
         self.isa = isa
 
@@ -332,9 +334,9 @@ class GGUFFusedMoEMethod(FusedMoEMethodBase):
         layer.w2_weight = None
         return True
 
-    def apply(self, layer: FusedMoE, x: paddle.Tensor, topk_weights: paddle.Tensor,
-              topk_ids: paddle.Tensor) -> paddle.Tensor:
-        return ops.gguf_fused_moe(x, topk_ids, topk_weights, *layer._gguf_moe_args)
+    def apply(self, layer: FusedMoE, x: paddle.Tensor, topk_weights: paddle.Tensor, topk_ids: paddle.Tensor,
+              shared: ops.SharedExperts | None = None, shared_weights: paddle.Tensor | None = None) -> paddle.Tensor:
+        return ops.gguf_fused_moe(x, topk_ids, topk_weights, *layer._gguf_moe_args, shared, shared_weights)
 
     def dense_weights(self, layer: FusedMoE) -> tuple[paddle.Tensor, paddle.Tensor]:
         w13, w2, seg13, seg2, _ = layer._gguf_moe_args

@@ -208,6 +208,8 @@ class IntFusedMoEMethod(FusedMoEMethodBase):
         path: the platform's integer-kernel path (``onednn`` runs int_gemm's AVX-512 path here).
     """
 
+    shared_expert_dtypes = ops.SHARED_EXPERT_DTYPES
+
     def __init__(self, bits: int, group: int, path: str) -> None:
         self.bits, self.group, self.path = bits, group, path
 
@@ -245,9 +247,9 @@ class IntFusedMoEMethod(FusedMoEMethodBase):
         layer.w2_weight = None
         return True
 
-    def apply(self, layer: FusedMoE, x: paddle.Tensor, topk_weights: paddle.Tensor,
-              topk_ids: paddle.Tensor) -> paddle.Tensor:
-        return ops.int_fused_moe(x, topk_ids, topk_weights, *layer._int_moe_args)
+    def apply(self, layer: FusedMoE, x: paddle.Tensor, topk_weights: paddle.Tensor, topk_ids: paddle.Tensor,
+              shared: ops.SharedExperts | None = None, shared_weights: paddle.Tensor | None = None) -> paddle.Tensor:
+        return ops.int_fused_moe(x, topk_ids, topk_weights, *layer._int_moe_args, shared, shared_weights)
 
     def dense_weights(self, layer: FusedMoE) -> tuple[paddle.Tensor, paddle.Tensor]:
         q13, s13, m13, q2, s2, m2, inter, bits, group, _ = layer._int_moe_args
