@@ -69,14 +69,14 @@ def select_experts(router_logits: paddle.Tensor, e_score_correction_bias: paddle
     return weights, ids
 
 
-# The weight formats of the shared experts the quantized fused MoE ops run (weight_matmul.h's OwnMatmul).
-SHARED_EXPERT_DTYPES = ("int", "gguf", "fp8")
+# The weight formats of the shared experts the quantized fused MoE ops run (KernelWeight dtypes).
+SHARED_EXPERT_DTYPES = ("int", "gguf")
 
 
 class SharedExperts(NamedTuple):
     """An MoE block's shared experts as :func:`int_fused_moe` / :func:`gguf_fused_moe` run them: a dense SwiGLU of
-    ``inter`` columns, gate|up ``[H, 2S]`` and down ``[S, H]`` in one format those ops multiply (``dtype`` "int",
-    "gguf" or "fp8", each weight with its segment values as the fused decoder layers take them)."""
+    ``inter`` columns, gate|up ``[H, 2S]`` and down ``[S, H]`` in one format those ops multiply (``dtype`` "int"
+    or "gguf", each weight with its segment values as the fused decoder layers take them)."""
 
     w13: paddle.Tensor
     w2: paddle.Tensor
@@ -90,6 +90,8 @@ class SharedExperts(NamedTuple):
 def _shared_args(shared: SharedExperts | None, shared_weights: paddle.Tensor | None) -> tuple[tuple, tuple]:
     """(inputs, attributes) of the fused MoE ops' shared experts; ``shared_weights``: one weight per token or None."""
     if shared is None:
+        if shared_weights is not None:
+            raise ValueError("shared_weights weighs the shared experts, but no shared experts were given.")
         return (None, None, None), (0, "", [0], [0], 0)
     return ((shared.w13, shared.w2, shared_weights),
             (shared.inter, shared.dtype, shared.w13_segments, shared.w2_segments, shared.gguf_isa))

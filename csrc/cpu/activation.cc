@@ -14,7 +14,7 @@ namespace {
 namespace fastdeploy_cpu {
 
 void silu_and_mul(const float* x, int64_t rows, int64_t d, float* out) {
-#pragma omp parallel for if (rows * d >= (1 << 15)) schedule(static)
+#pragma omp parallel for if (rows * d >= (1 << 15) && !omp_in_parallel()) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const float* gate = x + r * 2 * d;
     const float* up = gate + d;

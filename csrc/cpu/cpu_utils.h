@@ -22,7 +22,8 @@ namespace fastdeploy_cpu {
 
 // Threads for a parallel region over `units` pieces of work: at most the runtime's, at least one,
 // and one inside another parallel region (the fused MoE ops run a whole expert per thread, its
-// GEMMs on that thread, whatever the runtime's nesting setting).
+// GEMMs on that thread, whatever the runtime's nesting setting; loops that size their team
+// otherwise say `if (... && !omp_in_parallel())`).
 inline int team_size(int64_t units) {
   if (omp_in_parallel()) return 1;
   return static_cast<int>(std::min<int64_t>(omp_get_max_threads(), std::max<int64_t>(1, units)));

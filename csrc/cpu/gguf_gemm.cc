@@ -728,7 +728,7 @@ void gguf_gemm(const float* x, int64_t m, int64_t k, const uint8_t* w, const int
   float* d = d_buf.data();
   float* sums = sums_buf.data();
   float* blocks = block_buf.data();
-#pragma omp parallel for schedule(static) if (m >= 16)
+#pragma omp parallel for schedule(static) if (m >= 16 && !omp_in_parallel())
   for (int64_t r = 0; r < m; ++r) {
     auto* quantize = isa == kGgufAvx512Vnni || isa == kGgufAmxInt8 ? gguf_vnni::quantize_row : quantize_row;
     quantize(x + r * k, k, q + r * k, d + r * subs, sums + r * stride, blocks + r * subs);

@@ -10,9 +10,12 @@
 //   1. groups the (token, slot) pairs by expert with a counting sort (stable: token order,
 //      then slot order, so the grouping is a pure function of the ids);
 //   2. for every expert that got tokens, gathers their rows and runs the format's GEMM over
-//      them (gate/up fused), SiLU-and-mul, the GEMM for down; experts that got no token cost nothing;
+//      them (gate/up fused), SiLU-and-mul, the GEMM for down; experts that got no token cost nothing.
+//      The block's shared experts, where the op runs them, are expert index E (num_experts) of the
+//      functor, over every token. Each GEMM is split over the threads, or in a decode step each
+//      expert runs whole on one thread (expert tasks, below);
 //   3. writes each pair's output into its own row, and reduces every token's k rows in slot
-//      order, weighted by the router.
+//      order, weighted by the router, then adds its shared experts' row.
 //
 // Batch invariance: a token's output depends only on its own row and its experts, provided the
 // format's GEMM computes each row independently of the other rows (every kernel here does:
@@ -33,12 +36,18 @@ namespace fastdeploy_cpu {
 
 enum MoeProj : int { kMoeW13 = 0, kMoeW2 = 1 };
 
-// Tokens up to which a step with more than one thread runs each expert whole on one thread
-// (fused_moe_grouped's `expert_tasks`). A decode step's experts get a few rows each, so their
-// GEMMs read weights: the threads stream different experts at once instead of meeting at a
-// barrier after every GEMM, and the thread that takes the shared experts (first in the list,
-// their GEMMs bound by arithmetic at every row) computes them while the others stream.
+// Expert tasks: a step of up to kMoeTaskTokens tokens with at least kMoeTasksPerThread routed
+// experts per thread runs each expert whole on one thread. A decode step's experts get a few rows
+// each, so their GEMMs read weights: the threads stream different experts at once instead of
+// meeting at a barrier after every GEMM. The shared experts' GEMMs, over every token, are bound by
+// arithmetic from a few rows on: they go first in the task list, so that one thread computes them
+// while the others stream, when one thread takes no longer over them than the others over the
+// routed experts' bytes (kSharedMacsPerRoutedByte: one thread's 16-row int4 GEMM rate over its
+// routed-expert read rate, ~75 GMAC/s over ~16 GB/s on the AVX512-BF16 EPYC); else (more threads)
+// they run first, split over the threads.
 constexpr int64_t kMoeTaskTokens = 32;
+constexpr int64_t kMoeTasksPerThread = 2;
+constexpr int64_t kSharedMacsPerRoutedByte = 4;
 
 // Per-call scratch, kept per thread so steps do not reallocate: the grouping and the routed /
 // shared outputs (the calling thread's), and one expert's rows (each thread running experts).
@@ -79,7 +88,7 @@ void expert_forward(int64_t e, const int64_t* pair_ids, int64_t rows, const floa
   const float* in = x;
   if (pair_ids != nullptr) {
     float* x_rows = sized(s.x_rows, rows * hidden);
-#pragma omp parallel for if (rows * hidden >= (1 << 15)) schedule(static)
+#pragma omp parallel for if (rows * hidden >= (1 << 15) && !omp_in_parallel()) schedule(static)
     for (int64_t r = 0; r < rows; ++r)
       std::memcpy(x_rows + r * hidden, x + (pair_ids[r] / top_k) * hidden, hidden * sizeof(float));
     in = x_rows;
@@ -94,17 +103,17 @@ void expert_forward(int64_t e, const int64_t* pair_ids, int64_t rows, const floa
   }
   float* expert_out = sized(s.expert_out, rows * hidden);
   gemm(e, kMoeW2, act, rows, expert_out);
-#pragma omp parallel for if (rows * hidden >= (1 << 15)) schedule(static)
+#pragma omp parallel for if (rows * hidden >= (1 << 15) && !omp_in_parallel()) schedule(static)
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(dst + pair_ids[r] * hidden, expert_out + r * hidden, hidden * sizeof(float));
 }
 
-// expert_tasks: the format's gemm may run inside a parallel region (on the calling thread); then
-// steps of up to kMoeTaskTokens tokens run each expert on one thread (see there).
+// expert_bytes: the bytes of one routed expert's weights where the format's gemm may run inside a
+// parallel region (on the calling thread), which allows expert tasks (see there); 0: never.
 template <class ExpertGemm>
 void fused_moe_grouped(const float* x, int64_t num_tokens, int64_t hidden, const int64_t* topk_ids,
                        const float* topk_weights, int64_t top_k, int64_t num_experts, int64_t inter,
-                       const ExpertGemm& gemm, float* out, const MoeShared& shared = {}, bool expert_tasks = false) {
+                       const ExpertGemm& gemm, float* out, const MoeShared& shared = {}, int64_t expert_bytes = 0) {
   const int64_t pairs = num_tokens * top_k;
   MoeScratch& s = moe_scratch();
   s.counts.assign(num_experts, 0);
@@ -119,10 +128,8 @@ void fused_moe_grouped(const float* x, int64_t num_tokens, int64_t hidden, const
     const int64_t e = topk_ids[p];
     s.order[s.offsets[e] + fill[e]++] = p;
   }
-  // The shared experts first (index num_experts), then every expert that got tokens; experts that
-  // got none cost nothing.
+  // Every expert that got tokens (experts that got none cost nothing).
   s.tasks.clear();
-  if (shared.inter > 0) s.tasks.push_back(num_experts);
   for (int64_t e = 0; e < num_experts; ++e)
     if (s.offsets[e + 1] > s.offsets[e]) s.tasks.push_back(e);
   float* y_rows = sized(s.y_rows, pairs * hidden);
@@ -136,9 +143,20 @@ void fused_moe_grouped(const float* x, int64_t num_tokens, int64_t hidden, const
       expert_forward(e, order + offsets[e], offsets[e + 1] - offsets[e], x, hidden, top_k, inter, gemm, y_rows);
     }
   };
-  const int64_t num_tasks = static_cast<int64_t>(s.tasks.size());
-  const int threads = team_size(num_tasks);
-  if (expert_tasks && threads > 1 && num_tokens <= kMoeTaskTokens) {
+  const int64_t routed = static_cast<int64_t>(s.tasks.size());
+  const int threads = team_size(routed);
+  const bool expert_tasks = expert_bytes > 0 && threads > 1 && num_tokens <= kMoeTaskTokens &&
+                            routed >= kMoeTasksPerThread * threads;
+  if (shared.inter > 0) {
+    const int64_t shared_macs = num_tokens * 3 * hidden * shared.inter;
+    if (expert_tasks && shared_macs * (threads - 1) <= kSharedMacsPerRoutedByte * routed * expert_bytes) {
+      s.tasks.insert(s.tasks.begin(), num_experts);
+    } else {
+      run(num_experts);
+    }
+  }
+  if (expert_tasks) {
+    const int64_t num_tasks = static_cast<int64_t>(s.tasks.size());
     const int64_t* tasks = s.tasks.data();
     int64_t next = 0;
     // An error may not leave a parallel region (it would end the process): the first one stops the

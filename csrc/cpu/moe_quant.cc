@@ -8,9 +8,9 @@
 //                      expert e's gate|up rows ([2I, H] as (type, rows) segments) and down rows
 //                      ([H, I]) packed by fd_gguf_pack, one row of [E, bytes] each.
 //
-// Both take the block's shared experts too (optional): a dense SwiGLU in one of OwnMatmul's formats
-// (weight_matmul.h) that the op runs as one more expert over every token. Within a decode step the
-// thread that runs them computes while the others stream the routed experts' weights
+// Both take the block's shared experts too (optional): a dense SwiGLU of int or GGUF weights
+// (weight_matmul.h's OwnMatmul) that the op runs as one more expert over every token. Within a decode
+// step the thread that runs them can compute while the others stream the routed experts' weights
 // (moe_impl.h's expert tasks), which the shared experts' separate ops after the routed ones could not.
 //
 // Both kernels compute each row independently of the others, so the ops are batch-invariant
@@ -33,7 +33,7 @@ void check_expert_rows(const paddle::Tensor& t, int64_t num_experts, int64_t per
                "], got " + std::to_string(t.numel()) + " elements.");
 }
 
-// An op's optional shared experts: gate|up [H, 2S] and down [S, H] weights in one of OwnMatmul's formats,
+// An op's optional shared experts: gate|up [H, 2S] and down [S, H] weights, int or GGUF (OwnMatmul),
 // their (format) segments, and optional per-token weights [T] (or [T, 1]).
 class SharedExperts {
  public:
@@ -49,10 +49,13 @@ class SharedExperts {
     }
     PD_CHECK(inter > 0 && w13.is_initialized() && w2.is_initialized(),
              op + ": shared experts need shared_w13, shared_w2 and shared_inter > 0.");
-    PD_CHECK(fastdeploy_cpu::OwnMatmul::own_format(dtype),
-             op + ": shared experts in '" + dtype + "' are not run by this op (int, gguf, fp8 are).");
+    // (OwnMatmul runs fp8 too, but no MoE model reaches this op with fp8 shared experts: fp8 has no MoE method.)
+    PD_CHECK(dtype == "int" || dtype == "gguf",
+             op + ": shared experts in '" + dtype + "' are not run by this op (int and gguf are).");
     check_cpu_contiguous(*w13, "shared_w13");
     check_cpu_contiguous(*w2, "shared_w2");
+    check_dtype(*w13, paddle::DataType::UINT8, "shared_w13");
+    check_dtype(*w2, paddle::DataType::UINT8, "shared_w2");
     w13_ = &*w13;
     w2_ = &*w2;
     PD_CHECK(matmul(kW13).fits(hidden, 2 * inter, dtype) && matmul(kW2).fits(inter, hidden, dtype),
@@ -156,7 +159,8 @@ std::vector<paddle::Tensor> IntFusedMoE(
   };
   fastdeploy_cpu::fused_moe_grouped(x.data<float>(), num_tokens, hidden, topk_ids.data<int64_t>(),
                                     topk_weights.data<float>(), top_k, num_experts, inter, gemm, out.data<float>(),
-                                    shared.settings(), true);
+                                    shared.settings(),
+                                    b13 + b2 + (s13 + s2) * (mins13 ? 2 : 1) * static_cast<int64_t>(sizeof(float)));
   return {out};
 }
 
@@ -229,7 +233,7 @@ std::vector<paddle::Tensor> GgufFusedMoE(
   };
   fastdeploy_cpu::fused_moe_grouped(x.data<float>(), num_tokens, hidden, topk_ids.data<int64_t>(),
                                     topk_weights.data<float>(), top_k, num_experts, inter, gemm, out.data<float>(),
-                                    shared.settings(), true);
+                                    shared.settings(), bytes13 + bytes2);
   return {out};
 }
 

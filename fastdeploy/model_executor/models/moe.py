@@ -66,8 +66,8 @@ class SparseMoeBlock(nn.Layer):
 
     def fuse_shared_experts(self) -> bool:
         """Let the routed experts' op run the shared experts too, where its method runs their weights' format
-        (the quantized MoE ops: the thread computing them overlaps the others streaming routed experts);
-        True where it does. Under tensor parallelism the shared experts stay apart (their all-reduce)."""
+        (the quantized MoE ops, int and GGUF: in a decode step one thread can compute them while the others
+        stream routed experts); True where it does. Under tensor parallelism the shared experts stay apart (their all-reduce)."""
         shared = getattr(self, self._shared_name) if self._shared_name is not None else None
         if not isinstance(shared, LlamaMLP) or shared.down_proj.tp_size > 1:
             return False

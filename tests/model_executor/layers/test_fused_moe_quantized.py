@@ -50,13 +50,21 @@ def _reference(x, ids, weights, w13, w2):
 
 
 def _routings():
-    """(name, ids [T, K], weights [T, K]): experts with no token, one expert shared by every token, a larger batch."""
+    """(name, ids [T, K], weights [T, K]): experts with no token, one expert shared by every token, larger batches.
+
+    With two threads, "few", "spread" and "decode32" run each expert on one thread (moe_impl.h's expert tasks:
+    <= 32 tokens, >= 2 experts per thread), "spread" with the shared experts of the tests below among the tasks
+    and "decode32" with them split over the threads before; "one" (too few experts), "crowd" and "many" split
+    every GEMM over the threads."""
     few = np.array([[1, 4], [4, 1], [1, 4], [6, 4], [3, 6]])  # experts 0, 2, 5, 7 get none
+    spread = np.stack([np.arange(8), (np.arange(8) + 3) % E], axis=1)  # every expert, two tokens each
     crowd = np.stack([np.full(40, 5), rng.integers(0, E, 40)], axis=1)  # expert 5 in every token
     crowd[crowd[:, 1] == 5, 1] = 2
     many = np.stack([rng.permutation(E)[:K] for _ in range(96)])
+    decode32 = np.stack([rng.permutation(E)[:K] for _ in range(32)])
     out = []
-    for name, ids in (("one", few[:1]), ("few", few), ("crowd", crowd), ("many", many)):
+    for name, ids in (("one", few[:1]), ("few", few), ("spread", spread), ("decode32", decode32), ("crowd", crowd),
+                      ("many", many)):
         w = rng.uniform(0.1, 1.0, ids.shape).astype(np.float32)
         out.append((name, ids.astype(np.int64), w / w.sum(1, keepdims=True)))
     return out
@@ -220,9 +228,9 @@ def _shared_experts(fmt, isa):
 
 @pytest.mark.parametrize("fmt", ["wint4", "gguf"])
 def test_shared_experts_inside_the_op_add_what_their_own_ops_give(fmt):
-    """The op's shared experts (a whole expert per thread at <= 32 tokens on two threads, each GEMM split over
-    the threads above) add exactly what their own ops give, times a per-token gate where one is given;
-    rows stay independent of the batch and of the thread count."""
+    """The op's shared experts (among the expert tasks, or split over the threads before them: see _routings)
+    add exactly what their own ops give, times a per-token gate where one is given; rows stay independent of
+    the batch and of the thread count."""
     from fastdeploy._C import omp_thread_control
 
     if fmt == "wint4":
@@ -261,12 +269,15 @@ def test_shared_experts_of_a_format_the_op_does_not_run_are_refused():
     shared, _ = _shared_experts("wint4", 0)
     x, ids, weights = (paddle.to_tensor(a) for a in (np.zeros((2, H), np.float32), ROUTINGS[1][1][:2],
                                                        ROUTINGS[1][2][:2]))
-    with pytest.raises(Exception, match="shared experts in 'bfloat16' are not run by this op"):
-        layer.quant_method.apply(layer, x, weights, ids, shared._replace(dtype="bfloat16"))
+    for dtype in ("bfloat16", "fp8"):
+        with pytest.raises(Exception, match=f"shared experts in '{dtype}' are not run by this op"):
+            layer.quant_method.apply(layer, x, weights, ids, shared._replace(dtype=dtype))
     with pytest.raises(Exception, match=r"shared_w13 / shared_w2 are not \[H, 2S\] / \[S, H\]"):
         layer.quant_method.apply(layer, x, weights, ids, shared._replace(inter=SHARED_INTER // 2))
     with pytest.raises(Exception, match="shared_weights needs one weight per token"):
         layer.quant_method.apply(layer, x, weights, ids, shared, paddle.ones([3]))
+    with pytest.raises(ValueError, match="no shared experts were given"):
+        layer.quant_method.apply(layer, x, weights, ids, None, paddle.ones([2]))
 
 
 def test_an_error_inside_the_expert_tasks_is_raised_and_the_op_runs_on():
