@@ -32,6 +32,7 @@ import paddle
 import paddle.nn.functional as F
 from paddle import nn
 
+from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.fused_moe import FusedMoE
 from fastdeploy.model_executor.layers.layernorm import RMSNorm
 from fastdeploy.model_executor.layers.quantization.base_config import QuantizationConfig
@@ -42,6 +43,7 @@ from fastdeploy.model_executor.models.moe import (
     MoEStatics,
     SparseMoeBlock,
     refuse_unsupported,
+    shared_experts_for,
 )
 from fastdeploy.model_executor.models.paddleocr_vl import _LayerNorm
 from fastdeploy.model_executor.models.qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
@@ -153,8 +155,24 @@ class ModalityMoeBlock(nn.Layer):
         self.vision_moe = vision_moe
         self.shared_experts = shared
 
+    # The shared experts as the text pool's op takes them in an all-text step (fuse_shared_experts); None:
+    # they run as ops of their own.
+    _fused_shared: ops.SharedExperts | None = None
+
+    @property
+    def has_shared_experts(self) -> bool:
+        return self.shared_experts is not None
+
+    def fuse_shared_experts(self) -> bool:
+        """Let the text pool's op run the shared experts in steps without image tokens (decode), where it can
+        (:func:`~fastdeploy.model_executor.models.moe.shared_experts_for`); True where it does."""
+        object.__setattr__(self, "_fused_shared", shared_experts_for(self.shared_experts, self.text_moe.experts))
+        return self._fused_shared is not None
+
     def forward(self, hidden: paddle.Tensor, vision_rows: paddle.Tensor | None = None,
                 text_rows: paddle.Tensor | None = None) -> paddle.Tensor:
+        if vision_rows is None and self._fused_shared is not None:
+            return self.text_moe.experts(hidden, self.text_moe.gate(hidden), self._fused_shared)
         if vision_rows is None:
             out = self.text_moe(hidden)
         else:

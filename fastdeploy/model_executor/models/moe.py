@@ -64,22 +64,16 @@ class SparseMoeBlock(nn.Layer):
     # packed); None: they run as ops of their own after the routed experts.
     _fused_shared: ops.SharedExperts | None = None
 
+    @property
+    def has_shared_experts(self) -> bool:
+        return self._shared_name is not None
+
     def fuse_shared_experts(self) -> bool:
-        """Let the routed experts' op run the shared experts too, where its method runs their weights' format
-        (the quantized MoE ops, int and GGUF: in a decode step one thread can compute them while the others
-        stream routed experts); True where it does. Under tensor parallelism the shared experts stay apart (their all-reduce)."""
-        shared = getattr(self, self._shared_name) if self._shared_name is not None else None
-        if not isinstance(shared, LlamaMLP) or shared.down_proj.tp_size > 1:
-            return False
-        gate_up, down = (m.quant_method.kernel_weight(m) for m in (shared.gate_up_proj, shared.down_proj))
-        if (gate_up is None or down is None or gate_up.bias is not None or down.bias is not None
-                or (gate_up.dtype, gate_up.gguf_isa) != (down.dtype, down.gguf_isa)
-                or not self.experts.quant_method.runs_shared_experts(gate_up.dtype)):
-            return False
-        object.__setattr__(self, "_fused_shared", ops.SharedExperts(
-            gate_up.weight, down.weight, shared.down_proj.input_size, gate_up.dtype, list(gate_up.segments),
-            list(down.segments), gate_up.gguf_isa))
-        return True
+        """Let the routed experts' op run the shared experts too where it can (:func:`shared_experts_for`);
+        True where it does."""
+        fused = shared_experts_for(getattr(self, self._shared_name) if self.has_shared_experts else None, self.experts)
+        object.__setattr__(self, "_fused_shared", fused)
+        return fused is not None
 
     def forward(self, hidden_states: paddle.Tensor) -> paddle.Tensor:
         if self._fused_shared is not None:
@@ -156,9 +150,25 @@ class MoEModelMixin:
         fuse_shared_experts(self)
 
 
+def shared_experts_for(shared: nn.Layer | None, experts: FusedMoE) -> ops.SharedExperts | None:
+    """``shared`` (a dense SwiGLU, its matmuls packed) as ``experts``' op takes them, where its method runs their
+    weights' format (the quantized MoE ops, int and GGUF: in a decode step one thread can compute them while
+    the others stream routed experts); else None. Under tensor parallelism they stay apart (their all-reduce)."""
+    if not isinstance(shared, LlamaMLP) or shared.down_proj.tp_size > 1:
+        return None
+    gate_up, down = (m.quant_method.kernel_weight(m) for m in (shared.gate_up_proj, shared.down_proj))
+    if (gate_up is None or down is None or gate_up.bias is not None or down.bias is not None
+            or (gate_up.dtype, gate_up.gguf_isa) != (down.dtype, down.gguf_isa)
+            or not experts.quant_method.runs_shared_experts(gate_up.dtype)):
+        return None
+    return ops.SharedExperts(gate_up.weight, down.weight, shared.down_proj.input_size, gate_up.dtype,
+                             list(gate_up.segments), list(down.segments), gate_up.gguf_isa)
+
+
 def fuse_shared_experts(model: nn.Layer) -> None:
-    """:meth:`SparseMoeBlock.fuse_shared_experts` on every block of ``model`` (its matmuls packed); logs how many."""
-    blocks = [m for m in model.sublayers() if isinstance(m, SparseMoeBlock) and m._shared_name is not None]
+    """``fuse_shared_experts()`` on every MoE block of ``model`` that has shared experts (its matmuls packed);
+    logs how many."""
+    blocks = [m for m in model.sublayers() if getattr(m, "has_shared_experts", False)]
     fused = sum(block.fuse_shared_experts() for block in blocks)
     if blocks:
         logger.info("MoE shared experts: %d of %d blocks run inside the routed experts' op", fused, len(blocks))

@@ -94,3 +94,25 @@ def test_engine_batched_and_alone_give_the_dequantized_tokens(tmp_path):
     want = [hf_greedy(hf, p, 16) for p in prompts]
     assert generate(prompts) == want
     assert [generate([p])[0] for p in prompts] == want
+
+
+@pytest.mark.skipif(get_op_backend().int_gemm == "paddle", reason="the integer kernels are not built")
+def test_ernie_vl_text_steps_run_the_shared_experts_in_the_text_pools_op(tmp_path):
+    """ERNIE-4.5-VL -q wint4: in a step without image tokens the text pool's op runs the shared experts, which
+    gives what the pool and the shared experts' own ops give, bit for bit; image steps keep them apart."""
+    import paddle
+
+    from fastdeploy.model_executor.models.ernie4_5_vl import ModalityMoeBlock
+    from tests.multimodal.utils import build_tiny_ernie4_5_vl
+
+    model = _get_model(build_tiny_ernie4_5_vl(tmp_path / "vl"), "wint4")
+    blocks = [m for m in model.sublayers() if isinstance(m, ModalityMoeBlock)]
+    assert blocks and all(b._fused_shared is not None for b in blocks)
+    hidden = paddle.to_tensor(np.random.default_rng(0).standard_normal((6, model.config.hidden_size)), "float32")
+    for block in blocks:
+        fused = block(hidden).numpy()
+        shared, block._fused_shared = block._fused_shared, None
+        try:
+            np.testing.assert_array_equal(fused, block(hidden).numpy())
+        finally:
+            block._fused_shared = shared
