@@ -183,7 +183,10 @@ struct Int4Ops : OpsBf16 {
                                          0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170,
                                          0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,
                                          0x4100, 0x4110, 0x4120, 0x4130, 0x4140, 0x4150, 0x4160, 0x4170};
-  __m512i table = _mm512_loadu_si512(kBf16);
+  // Loaded in a constructor written here, in this target region: a default member initializer's
+  // implicit constructor is compiled for the library's -march and fails to build on AVX2-only CPUs.
+  Int4Ops() : table(_mm512_loadu_si512(kBf16)) {}
+  __m512i table;
   __attribute__((always_inline)) W decode(const uint8_t* block, int i) const {
     return {_mm512_permutexvar_epi16(_mm512_srli_epi16(_mm512_loadu_si512(block), 4 * i), table)};
   }

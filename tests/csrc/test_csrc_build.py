@@ -55,22 +55,38 @@ def test_a_missing_compiler_falls_back_with_one_warning(tmp_path):
 
 
 @pytest.mark.slow
-def test_every_gguf_kernel_path_builds_for_a_plain_x86_64_cpu(tmp_path):
-    """The AVX2 and AVX512-VNNI paths of gguf_gemm.cc carry their own target attributes: the file
-    compiles for a baseline x86-64 CPU (no -march=native), and the platform picks a path at run time."""
+def test_every_kernel_source_builds_for_a_plain_x86_64_cpu(tmp_path):
+    """Each path carries its own target attributes, so every source compiles for a baseline x86-64 CPU
+    (no -march=native) and the platform picks a path at run time. Code that only builds where the
+    compiling CPU has AVX-512 (an intrinsic outside its target region, e.g. in a default member
+    initializer) fails here on any machine, not only in the AVX2-only host's build. -O0: the
+    intrinsics are always_inline, so a target mismatch is an error without optimizing."""
     import shutil
     import sysconfig
+    from concurrent.futures import ThreadPoolExecutor
 
     import paddle
 
     include = os.path.join(os.path.dirname(paddle.__file__), "include")
-    cmd = [shutil.which("c++") or "c++", "-O1", "-march=x86-64", "-fopenmp", "-std=c++17", f"-I{include}",
-           f"-I{os.path.join(include, 'third_party')}", f"-I{sysconfig.get_paths()['include']}", "-c",
-           os.path.join(REPO, "csrc", "cpu", "gguf_gemm.cc"), "-o", str(tmp_path / "gguf_gemm.o")]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    symbols = subprocess.run(["nm", "-C", str(tmp_path / "gguf_gemm.o")], capture_output=True, text=True).stdout
-    assert "gguf_vnni::" in symbols and "gguf_avx2::" in symbols
+    plan = _C._build_plan()
+    flags = ["-O0", "-march=x86-64", "-fopenmp", "-std=c++17", f"-I{include}",
+             f"-I{os.path.join(include, 'third_party')}", f"-I{sysconfig.get_paths()['include']}"]
+    flags += [f"-I{plan['onednn_include']}"] if plan["onednn_include"] else []
+    sources = [src for src in plan["sources"] if plan["onednn_include"] or os.path.basename(src) not in _C.ONEDNN_SOURCES]
+
+    def compile_one(src: str) -> tuple[str, subprocess.CompletedProcess]:
+        obj = tmp_path / (os.path.basename(src) + ".o")
+        cmd = [shutil.which("c++") or "c++", *flags, "-c", src, "-o", str(obj)]
+        return src, subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failed = {os.path.basename(src): out.stderr[-2000:] for src, out in pool.map(compile_one, sources)
+                  if out.returncode != 0}
+    assert not failed, failed
+    symbols = {name: subprocess.run(["nm", "-C", str(tmp_path / f"{name}.o")], capture_output=True, text=True).stdout
+               for name in ("gguf_gemm.cc", "int_gemm.cc")}
+    assert "gguf_vnni::" in symbols["gguf_gemm.cc"] and "gguf_avx2::" in symbols["gguf_gemm.cc"]
+    assert "int_avx512_bf16::" in symbols["int_gemm.cc"] and "int_avx2::" in symbols["int_gemm.cc"]
 
 
 def test_the_kernels_and_onednn_share_one_openmp_runtime():
