@@ -184,16 +184,20 @@ def _chosen_path(variable: str, wanted: str, paths: list[str]) -> str:
     return wanted
 
 
+def onednn_w8a8_weight_max() -> int:
+    """The largest |int8 weight| oneDNN's u8 x s8 matmul multiplies exactly on this CPU.
+
+    Without VNNI oneDNN multiplies with ``vpmaddubsw``, whose int16 pair sums saturate for 8-bit
+    activations times 8-bit weights: the weights keep 7 bits there.
+    """
+    return 127 if cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"} else 63
+
+
 def w8a8_kernel(built: set[str]) -> tuple[str, int]:
     """(W8A8 path, largest |int8 weight|): oneDNN's int8 matmul where it was built (jit-compiled for
-    AVX2 and AVX-512), portable C++ under FD_CPU_INT_KERNEL=scalar or without oneDNN.
-
-    Without VNNI oneDNN multiplies u8 x s8 with ``vpmaddubsw``, whose int16 pair sums saturate for
-    8-bit activations times 8-bit weights: the weights keep 7 bits there.
-    """
+    AVX2 and AVX-512), portable C++ under FD_CPU_INT_KERNEL=scalar or without oneDNN."""
     if "fd_w8a8_linear" in built and int_kernel_path() != "scalar":
-        vnni = bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
-        return "onednn", 127 if vnni else 63
+        return "onednn", onednn_w8a8_weight_max()
     return ("scalar", 127) if "fd_w8a8_linear_portable" in built else ("paddle", 127)
 
 

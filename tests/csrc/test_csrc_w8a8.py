@@ -13,6 +13,7 @@ import pytest
 
 from fastdeploy import _custom_ops as ops
 from fastdeploy.model_executor.layers.quantization.w8a8 import group_sums, quantize_int8_groups
+from fastdeploy.platforms.cpu import onednn_w8a8_weight_max
 
 rng = np.random.default_rng(0)
 # N = 37 leaves oneDNN's column blocks part-filled; K = 320 is not a multiple of 64.
@@ -72,6 +73,8 @@ def awkward_rows(m):
 @pytest.mark.parametrize("weight_max", [127, 63])
 @pytest.mark.parametrize("path", PATHS)
 def test_matches_the_reference_quantization_and_exact_sums(path, weight_max, group):
+    if path == "onednn" and weight_max > onednn_w8a8_weight_max():
+        pytest.skip("without VNNI oneDNN's int16 pair sums saturate on 8-bit weights: the platform keeps 7 bits")
     w = rng.standard_normal((K, N)).astype(np.float32)
     q, s = quantize_int8_groups(w, group, weight_max)
     assert s.shape == (-(-K // group), N) and np.abs(q).max() == weight_max
