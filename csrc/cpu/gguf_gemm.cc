@@ -90,39 +90,40 @@ inline KScaleMin k_scale_min(const uint8_t* s, int j) {
 }
 
 // The block types: ggml type id, elements and bytes per block, 32-element sub-blocks per block,
-// the offset subtracted from element values, whether the format has a min, whether its
+// the offset subtracted from element values, the largest element magnitude the dot products see
+// (unsigned values; |w| of signed ones), whether the format has a min, whether its
 // elements are signed bytes, whether a sub-block has two scales (one per 16 elements), whether
 // its elements fit a nibble, and whether its scales are the block's fp16 fields.
 struct BlockQ8_0 {
-  static constexpr int kType = 8, kElems = 32, kBytes = 34, kSubs = 1, kOffset = 0;
+  static constexpr int kType = 8, kElems = 32, kBytes = 34, kSubs = 1, kOffset = 0, kMaxU = 128;
   static constexpr bool kHasMin = false, kSigned = true, kSplitScale = false, kNibble = false, kHalfScales = true;
 };
 struct BlockQ4_0 {
-  static constexpr int kType = 2, kElems = 32, kBytes = 18, kSubs = 1, kOffset = 8;
+  static constexpr int kType = 2, kElems = 32, kBytes = 18, kSubs = 1, kOffset = 8, kMaxU = 15;
   static constexpr bool kHasMin = false, kSigned = false, kSplitScale = false, kNibble = true, kHalfScales = true;
 };
 struct BlockQ4_1 {
-  static constexpr int kType = 3, kElems = 32, kBytes = 20, kSubs = 1, kOffset = 0;
+  static constexpr int kType = 3, kElems = 32, kBytes = 20, kSubs = 1, kOffset = 0, kMaxU = 15;
   static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false, kNibble = true, kHalfScales = true;
 };
 struct BlockQ5_0 {
-  static constexpr int kType = 6, kElems = 32, kBytes = 22, kSubs = 1, kOffset = 16;
+  static constexpr int kType = 6, kElems = 32, kBytes = 22, kSubs = 1, kOffset = 16, kMaxU = 31;
   static constexpr bool kHasMin = false, kSigned = false, kSplitScale = false, kNibble = false, kHalfScales = true;
 };
 struct BlockQ5_1 {
-  static constexpr int kType = 7, kElems = 32, kBytes = 24, kSubs = 1, kOffset = 0;
+  static constexpr int kType = 7, kElems = 32, kBytes = 24, kSubs = 1, kOffset = 0, kMaxU = 31;
   static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false, kNibble = false, kHalfScales = true;
 };
 struct BlockQ4_K {
-  static constexpr int kType = 12, kElems = 256, kBytes = 144, kSubs = 8, kOffset = 0;
+  static constexpr int kType = 12, kElems = 256, kBytes = 144, kSubs = 8, kOffset = 0, kMaxU = 15;
   static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false, kNibble = true, kHalfScales = false;
 };
 struct BlockQ5_K {
-  static constexpr int kType = 13, kElems = 256, kBytes = 176, kSubs = 8, kOffset = 0;
+  static constexpr int kType = 13, kElems = 256, kBytes = 176, kSubs = 8, kOffset = 0, kMaxU = 31;
   static constexpr bool kHasMin = true, kSigned = false, kSplitScale = false, kNibble = false, kHalfScales = false;
 };
 struct BlockQ6_K {
-  static constexpr int kType = 14, kElems = 256, kBytes = 210, kSubs = 8, kOffset = 32;
+  static constexpr int kType = 14, kElems = 256, kBytes = 210, kSubs = 8, kOffset = 32, kMaxU = 63;
   static constexpr bool kHasMin = false, kSigned = false, kSplitScale = true, kNibble = false, kHalfScales = false;
 };
 
@@ -380,7 +381,7 @@ struct Ops {
     }
     return t;
   }
-  template <bool kSigned>
+  template <bool kSigned, int kMaxU>
   static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
     for (int c = 0; c < 8; ++c) {
       int32_t sums[2] = {0, 0};
@@ -394,10 +395,10 @@ struct Ops {
       hi.l[c] = sums[1];
     }
   }
-  template <bool kSigned>
+  template <bool kSigned, int kMaxU>
   static I dot_all(const T& t, const int8_t* x) {
     I lo, hi;
-    dot<kSigned>(t, x, lo, hi);
+    dot<kSigned, kMaxU>(t, x, lo, hi);
     return add_i(lo, hi);
   }
   static F zero() { return F{}; }
@@ -451,7 +452,10 @@ namespace gguf_avx2 {
 
 struct Ops {
   static constexpr int kLanes = 8, kSignedBias = 0;
-  static constexpr int kRows = 2;  // 16 registers: the 8 groups and 2 x 2 accumulators
+  // 16 registers hold the 8 groups and 2 x 2 accumulators; 4 rows spill some, yet each tile's
+  // groups serve twice the rows: Q4_1 576 x 1536 at 64 rows, best of 60 calls, 944-1010 us at 4
+  // rows, 1079-1086 at 3 (Zen 3).
+  static constexpr int kRows = 4;
   using I = __m256i;
   using F = __m256;
   struct T {
@@ -476,26 +480,40 @@ struct Ops {
     std::memcpy(&v, x + 4 * g, sizeof(v));
     return _mm256_set1_epi32(v);
   }
-  // Unsigned u < 64: a pair of u * x never reaches int16's limit in vpmaddubsw. Signed weights
-  // multiply as |w| * (x with w's sign), at most 128 * 127 per product.
+  // Group g's products in int16 pairs (vpmaddubsw): unsigned u <= kMaxU < 64 never reaches int16's
+  // limit; signed weights multiply as |w| * (x with w's sign), at most 128 * 127 per product.
   template <bool kSigned>
-  static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i sums[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-    for (int g = 0; g < 8; ++g) {
-      const __m256i xg = group(x, g);
-      const __m256i pairs = kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(t.g[g], t.g[g]), _mm256_sign_epi8(xg, t.g[g]))
-                                    : _mm256_maddubs_epi16(t.g[g], xg);
-      sums[g / 4] = _mm256_add_epi32(sums[g / 4], _mm256_madd_epi16(pairs, ones));
-    }
-    lo = sums[0];
-    hi = sums[1];
+  static __m256i pairs(const T& t, const int8_t* x, int g) {
+    const __m256i xg = group(x, g);
+    return kSigned ? _mm256_maddubs_epi16(_mm256_sign_epi8(t.g[g], t.g[g]), _mm256_sign_epi8(xg, t.g[g]))
+                   : _mm256_maddubs_epi16(t.g[g], xg);
   }
-  template <bool kSigned>
+  // Groups [g0, g1) summed exactly: runs of groups whose int16 pairs cannot overflow when added
+  // (each pair is at most 2 * 127 * kMaxU: eight runs of 4-bit values, four of 5-bit, two of 6-bit)
+  // are added in int16 and widened once (vpmaddwd with ones). The widening is a second multiply,
+  // and vector multiplies issue on fewer ports than adds: 4-bit formats take 9 multiplies per
+  // sub-block and row instead of 16. Integer sums: the result is the same whatever the grouping.
+  template <bool kSigned, int kMaxU>
+  static __m256i sum_groups(const T& t, const int8_t* x, int g0, int g1) {
+    constexpr int kRun = 32767 / (2 * 127 * kMaxU);
+    static_assert(kRun >= 1, "a pair of products must fit int16");
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i sum = _mm256_setzero_si256();
+    for (int g = g0; g < g1; g += kRun) {
+      __m256i run = pairs<kSigned>(t, x, g);
+      for (int j = g + 1; j < std::min(g1, g + kRun); ++j) run = _mm256_add_epi16(run, pairs<kSigned>(t, x, j));
+      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(run, ones));
+    }
+    return sum;
+  }
+  template <bool kSigned, int kMaxU>
+  static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
+    lo = sum_groups<kSigned, kMaxU>(t, x, 0, 4);
+    hi = sum_groups<kSigned, kMaxU>(t, x, 4, 8);
+  }
+  template <bool kSigned, int kMaxU>
   static I dot_all(const T& t, const int8_t* x) {
-    I lo, hi;
-    dot<kSigned>(t, x, lo, hi);
-    return _mm256_add_epi32(lo, hi);
+    return sum_groups<kSigned, kMaxU>(t, x, 0, 8);
   }
   static F zero() { return _mm256_setzero_ps(); }
   static F splat(float s) { return _mm256_set1_ps(s); }
@@ -551,14 +569,14 @@ struct Ops {
         : [acc] "+v"(acc)
         : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x + 4 * g)));
   }
-  template <bool kSigned>
+  template <bool kSigned, int kMaxU>
   static void dot(const T& t, const int8_t* x, I& lo, I& hi) {
     lo = hi = _mm512_setzero_si512();
     for (int g = 0; g < 4; ++g) dpbusd_bcast(lo, t.g[g], x, g);
     for (int g = 4; g < 8; ++g) dpbusd_bcast(hi, t.g[g], x, g);
   }
   // One chain of 8 (no add of the halves: one instruction fewer per row and sub-block).
-  template <bool kSigned>
+  template <bool kSigned, int kMaxU>
   static I dot_all(const T& t, const int8_t* x) {
     I acc = _mm512_setzero_si512();
     for (int g = 0; g < 8; ++g) dpbusd_bcast(acc, t.g[g], x, g);

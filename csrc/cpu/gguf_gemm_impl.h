@@ -12,9 +12,10 @@
 //   T  the 8 groups of a sub-block (group g: bytes 4g..4g+3 of every column, column c in lane c)
 //   I  kLanes x int32; F  kLanes x fp32
 //   load_tile<nibble, signed>(q, h)  the groups of half h of the packed quants q
-//   dot<signed>(t, x, lo, hi)  lane c: sum of u_c[i] * x[i] over i < 16 (lo) and 16 <= i < 32 (hi),
-//                         u unsigned (< 64) or signed bytes; signed ones plus kSignedBias * sum(x)
-//   dot_all<signed>(t, x)  lo + hi in one chain (formats with one scale per sub-block)
+//   dot<signed, max_u>(t, x, lo, hi)  lane c: sum of u_c[i] * x[i] over i < 16 (lo) and 16 <= i < 32
+//                         (hi), u unsigned (<= max_u < 64) or signed bytes (|u| <= max_u); signed ones
+//                         plus kSignedBias * sum(x)
+//   dot_all<signed, max_u>(t, x)  lo + hi in one chain (formats with one scale per sub-block)
 //   loadh(p) fp16 -> fp32 lanes, loadf(p), storef(v, p), zero(), splat(s), add(a, b), mul(a, b),
 //   add_i(a, b), fma(l, s, acc) = acc + float(l) * s, fmaf(a, b, acc) = acc + a * b
 
@@ -85,7 +86,7 @@ void tile(const QuantizedActs& a, int64_t k, const uint8_t* tw, int h, int64_t r
       if constexpr (B::kSplitScale || R > 2) {
         // Two chains of dot instructions: with many rows in flight one chain of 8 is latency-bound.
         typename Ops::I lo, hi;
-        Ops::template dot<B::kSigned>(t, x, lo, hi);
+        Ops::template dot<B::kSigned, B::kMaxU>(t, x, lo, hi);
         if constexpr (B::kSplitScale) {
           acc[r] = Ops::fma(lo, Ops::mul(dx, d0v), acc[r]);
           acc[r] = Ops::fma(hi, Ops::mul(dx, d1v), acc[r]);
@@ -93,7 +94,7 @@ void tile(const QuantizedActs& a, int64_t k, const uint8_t* tw, int h, int64_t r
           acc[r] = Ops::fma(Ops::add_i(lo, hi), Ops::mul(dx, d0v), acc[r]);
         }
       } else {  // the same integer sum in one chain, one instruction fewer (decode's few rows)
-        acc[r] = Ops::fma(Ops::template dot_all<B::kSigned>(t, x), Ops::mul(dx, d0v), acc[r]);
+        acc[r] = Ops::fma(Ops::template dot_all<B::kSigned, B::kMaxU>(t, x), Ops::mul(dx, d0v), acc[r]);
       }
       if constexpr (kTerm) {
         if constexpr (B::kSplitScale) {

@@ -63,6 +63,27 @@ def test_matches_dequantized_weights_times_quantized_activations(qtype, path):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max(), err_msg=f"M={m}")
 
 
+# The bytes of a block that hold its quants, and the byte that makes every quant its largest magnitude
+# (Q8_0: -128, whose |w| the AVX2 path multiplies).
+QUANT_BYTES = {"Q8_0": (2, 34, 0x80), "Q4_0": (2, 18, 0xFF), "Q4_1": (4, 20, 0xFF), "Q5_0": (2, 22, 0xFF),
+               "Q5_1": (4, 24, 0xFF), "Q4_K": (16, 144, 0xFF), "Q5_K": (16, 176, 0xFF), "Q6_K": (0, 192, 0xFF)}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_the_largest_quants_times_the_largest_activations_do_not_saturate(qtype, path):
+    """Every quant at its largest magnitude times activations of +-127 (a constant row): the AVX2 path adds
+    several groups' int16 pair sums before widening them, as many as cannot overflow for the format."""
+    w = random_blocks(qtype, N, K)
+    start, end, byte = QUANT_BYTES[qtype.name]
+    w.reshape(N, -1, GGML_QUANT_SIZES[qtype][1])[:, :, start:end] = byte
+    wd = dequantize(w, qtype).astype(np.float64)
+    x = np.array([[1.0] * K, [-1.0] * K, [3.0] * K, [-0.5] * K, [2.0] * K], np.float32)
+    got = linear(x, w, [int(qtype), N], path)
+    want = as_kernel_sees(x).astype(np.float64) @ wd.T
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("blocks", [1, 15, 17, 18, 24, 33])
 def test_activation_blocks_in_any_number(blocks, path):
