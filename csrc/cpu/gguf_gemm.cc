@@ -453,8 +453,8 @@ namespace gguf_avx2 {
 struct Ops {
   static constexpr int kLanes = 8, kSignedBias = 0;
   // 16 registers hold the 8 groups and 2 x 2 accumulators; 4 rows spill some, yet each tile's
-  // groups serve twice the rows: Q4_1 576 x 1536 at 64 rows, best of 60 calls, 944-1010 us at 4
-  // rows, 1079-1086 at 3 (Zen 3).
+  // groups serve twice the rows (with the int16 sums: benchmarks/results/
+  // gguf_rows_avx2_int16_sums_ab_epyc_avx2_2026-12-07.json).
   static constexpr int kRows = 4;
   using I = __m256i;
   using F = __m256;
