@@ -154,6 +154,24 @@ def test_amx_tiles_give_the_vnni_paths_bits(qtype):
         np.testing.assert_array_equal(got, linear(x, w, [int(qtype), n], "avx512-vnni", bias), err_msg=f"M={m}")
 
 
+@pytest.mark.skipif("avx2" not in PATHS, reason="this CPU has no AVX2")
+@pytest.mark.parametrize("blocks", [1, 9, 18, 48])
+def test_the_avx2_path_gives_the_scalar_paths_bits(blocks):
+    """The AVX2 path quantizes 8 activation blocks at a time and sums int16 pairs before widening;
+    both are exact, so every output is the scalar path's bit for bit: 1 block, a part-filled group of
+    8, the default model's K of 576 and 1536, an all-zero block and values at rounding ties."""
+    k = 32 * blocks
+    x = (rng.standard_normal((6, k)) * np.array([[1e-3], [1.0], [40.0], [1.0], [7.0], [1.0]])).astype(np.float32)
+    x[3, -32:] = 0.0
+    # A block whose scale is 1 with halves in it: x / dx lands on ties (nearest even)
+    x[5, :32] = np.arange(-16, 16, dtype=np.float32) + np.float32(0.5)
+    x[5, 0] = np.float32(127.0)
+    for qtype in [t for t in TYPES if k % GGML_QUANT_SIZES[t][0] == 0]:
+        w = random_blocks(qtype, N, k)
+        got = linear(x, w, [int(qtype), N], "avx2")
+        np.testing.assert_array_equal(got, linear(x, w, [int(qtype), N], "scalar"), err_msg=qtype.name)
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_embedding_rows_are_the_dequantized_rows(qtype):
     """Rows looked up in the packed table are gguf-py's dequantization bit for bit (the layout loses nothing)."""
