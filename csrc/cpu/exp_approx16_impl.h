@@ -1,6 +1,6 @@
 // fastdeploy_cpu::exp_approx on 16 lanes (its constants, clamping and order of operations, so the
 // same values) in registers. Included inside a namespace by each user compiled for AVX-512
-// (attention_bf16.cc in its target region, activation.cc on AVX-512 builds), so each copy is
+// (attention_bf16.cc in its target region, activation.cc and attention.cc on AVX-512 builds), so each copy is
 // compiled for its includer's instructions; no include guard on purpose.
 inline __m512 exp_approx16(__m512 x) {
   using namespace fastdeploy_cpu::exp_coeffs;
