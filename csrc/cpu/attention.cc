@@ -460,9 +460,9 @@ void attention_kernel_direct_d64(const float* query, int64_t query_stride, const
   const int64_t tile_tokens = std::max<int64_t>(1, fastdeploy_cpu::kAttentionTileRows / group);
   const int64_t max_rows = tile_tokens * num_heads;
   const int64_t token_row = num_kv_heads * kD;  // a token's cache row: every kv head
-  int64_t token_tiles = 0;
-  for (int64_t s = 0; s < num_seqs; ++s)
-    token_tiles += (query_start_loc[s + 1] - query_start_loc[s] + tile_tokens - 1) / tile_tokens;
+  // The batch's tiles of tokens: the work items of a single kv head.
+  const auto token_tiles =
+      static_cast<int64_t>(fastdeploy_cpu::attention_work_items(query_start_loc, num_seqs, 1, group).size());
   const int64_t item_heads = token_tiles >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
   const int64_t item_bytes = item_heads * kD * static_cast<int64_t>(sizeof(CacheT));
   struct Scratch {
